@@ -1,0 +1,29 @@
+"""shardlease: place the shards of a sharded application with leases."""
+
+from shardlease.errors import (
+    Conflict,
+    ConfigError,
+    CorruptRecord,
+    HostError,
+    ShardleaseError,
+    StoreError,
+    StoreUnsafe,
+)
+from shardlease.options import Options
+from shardlease.records import Heartbeat, Lease
+from shardlease.stores import LeaseStore, open_store
+
+__all__ = [
+    "ConfigError",
+    "Conflict",
+    "CorruptRecord",
+    "Heartbeat",
+    "HostError",
+    "Lease",
+    "LeaseStore",
+    "Options",
+    "ShardleaseError",
+    "StoreError",
+    "StoreUnsafe",
+    "open_store",
+]

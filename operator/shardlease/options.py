@@ -1,0 +1,80 @@
+"""Validated options of the placement loop (seconds, as in the seed)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardlease.errors import ConfigError
+
+
+class Options(BaseModel):
+    """Options of one node's loop.
+
+    Defaults follow the seed: `lease_ttl` 15 s, `interval` a third of it,
+    `margin` a sixth of it, `max_concurrency` 16.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shards: int = Field(ge=1, description="Number of shards of the cluster.")
+    lease_ttl: float = Field(default=15.0, gt=0, description="Lease lifetime, seconds.")
+    interval: float | None = Field(
+        default=None, gt=0, description="Seconds between rounds; default lease_ttl/3."
+    )
+    margin: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds before the lease would expire at which a shard is fenced; "
+        "default lease_ttl/6.",
+    )
+    name: str = Field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname(),
+                      min_length=1, max_length=253)
+    cluster_name: str = Field(default="default", min_length=1, max_length=63,
+                              pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$")
+    max_concurrency: int = Field(default=16, ge=1)
+    open_timeout: float = Field(default=60.0, gt=0, description="Seconds an open may take.")
+    close_timeout: float = Field(default=60.0, gt=0, description="Seconds one close try may take.")
+
+    @property
+    def interval_s(self) -> float:
+        return self.interval if self.interval is not None else self.lease_ttl / 3
+
+    @property
+    def margin_s(self) -> float:
+        return self.margin if self.margin is not None else self.lease_ttl / 6
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.margin_s >= self.lease_ttl:
+            raise ValueError(
+                f"margin ({self.margin_s:g}s) must be less than lease_ttl ({self.lease_ttl:g}s): "
+                "a shard must be fenced before its lease expires"
+            )
+        if self.interval_s >= self.lease_ttl - self.margin_s:
+            raise ValueError(
+                f"interval ({self.interval_s:g}s) must be less than lease_ttl - margin "
+                f"({self.lease_ttl - self.margin_s:g}s), or a shard would be fenced between "
+                "two renewals"
+            )
+        return self
+
+    @classmethod
+    def make(cls, **kwargs: object) -> Options:
+        """Build options, turning pydantic's report into one `ConfigError` line per problem."""
+        try:
+            return cls.model_validate({k: v for k, v in kwargs.items() if v is not None})
+        except ValidationError as e:
+            raise ConfigError(describe_validation_error(e, "option")) from None
+
+
+def describe_validation_error(e: ValidationError, what: str) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"invalid {what} {loc}: {msg}" if loc else f"invalid {what}s: {msg}")
+    return "; ".join(lines)

@@ -1,0 +1,123 @@
+"""The records that cross the store boundary, and their (untrusted) decoding.
+
+Lease and heartbeat bytes come from a shared store that anything may write, so
+they are size-bounded and validated before use. A record that fails becomes a
+`CorruptRecord` error in a `Stored` entry: the loop reports it and treats the
+shard as held until it expires, and never routes to anything read from it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shardlease.errors import CorruptRecord
+
+#: Largest lease or heartbeat record accepted from a store, in bytes.
+MAX_RECORD_BYTES = 4096
+
+NodeName = str
+
+
+def new_write_id() -> str:
+    """A nonce put in every write: it makes each renewal a visible change (S3
+    ETags are content hashes) and lets a writer whose answer was lost recognise
+    its own write on re-read."""
+    return uuid.uuid4().hex
+
+
+class Lease(BaseModel):
+    """One shard's lease. `generation` is the fencing token handed to the host."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    cluster: str = Field(min_length=1, max_length=63)
+    shard: int = Field(ge=0)
+    owner: NodeName | None = Field(default=None, min_length=1, max_length=253)
+    generation: int = Field(ge=0)
+    #: The owning process (random per start): a restarted node with the same
+    #: name is another incarnation and must not take the old one's lease as its own.
+    incarnation: str | None = Field(default=None, max_length=64)
+    write_id: str = Field(min_length=1, max_length=64)
+    #: Wall-clock seconds of the write; informational only (clock skew), never
+    #: used to judge expiry.
+    renewed_at: float = 0.0
+    ttl: float = Field(gt=0)
+
+
+class Heartbeat(BaseModel):
+    """One node's heartbeat. Liveness is judged from its version changing."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    cluster: str = Field(min_length=1, max_length=63)
+    node: NodeName = Field(min_length=1, max_length=253)
+    incarnation: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    write_id: str = Field(min_length=1, max_length=64)
+    at: float = 0.0
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored(Generic[R]):
+    """A record as read from a store, with the version a compare-and-swap needs.
+
+    `record` is None when the bytes were not a valid record; `error` says why.
+    """
+
+    version: str
+    record: R | None
+    error: str | None = None
+
+
+def encode(record: BaseModel) -> bytes:
+    return record.model_dump_json(exclude_none=False).encode()
+
+
+def decode_lease(data: bytes, cluster: str, shard: int) -> Lease:
+    lease = _decode(Lease, data)
+    if lease.cluster != cluster or lease.shard != shard:
+        raise CorruptRecord(
+            f"lease record names cluster {lease.cluster!r} shard {lease.shard}, "
+            f"but is stored as cluster {cluster!r} shard {shard}"
+        )
+    return lease
+
+
+def decode_heartbeat(data: bytes, cluster: str, node: str) -> Heartbeat:
+    hb = _decode(Heartbeat, data)
+    if hb.cluster != cluster or hb.node != node:
+        raise CorruptRecord(
+            f"heartbeat names cluster {hb.cluster!r} node {hb.node!r}, "
+            f"but is stored as cluster {cluster!r} node {node!r}"
+        )
+    return hb
+
+
+def stored_lease(data: bytes, version: str, cluster: str, shard: int) -> Stored[Lease]:
+    """Decode without raising: a corrupt record becomes an entry with an error."""
+    try:
+        return Stored(version, decode_lease(data, cluster, shard))
+    except CorruptRecord as e:
+        return Stored(version, None, str(e))
+
+
+def _decode(model: type[R], data: bytes) -> R:
+    if len(data) > MAX_RECORD_BYTES:
+        raise CorruptRecord(f"{model.__name__.lower()} record is {len(data)} bytes, "
+                            f"more than the {MAX_RECORD_BYTES} allowed")
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "record"
+        raise CorruptRecord(
+            f"invalid {model.__name__.lower()} record ({e.error_count()} problem(s)); "
+            f"first: {where}: {first['msg']}"
+        ) from None

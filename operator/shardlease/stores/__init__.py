@@ -1,0 +1,48 @@
+"""Lease stores behind one interface, chosen by URL.
+
+- `memory://NAME`: in-process (tests, simulation);
+- `file:///path`: a directory shared by processes of one machine (the demo);
+- `s3://bucket/prefix`: S3 or an S3-compatible server with conditional writes;
+- `kubernetes://NAMESPACE`: coordination.k8s.io/v1 Lease objects.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from shardlease.errors import ConfigError
+from shardlease.stores.base import LeaseStore
+
+__all__ = ["LeaseStore", "open_store"]
+
+SCHEMES = ("memory", "file", "s3", "kubernetes")
+
+
+def open_store(url: str) -> LeaseStore:
+    """Make the store a URL names. Raises `ConfigError` for an unknown or
+    malformed URL, with the accepted forms in the message."""
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme == "memory":
+        from shardlease.stores.memory import MemoryStore, named_backend
+
+        name = parts.netloc + parts.path
+        return MemoryStore(named_backend(name), name=name)
+    if scheme == "file":
+        from shardlease.stores.file import FileStore
+
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise ConfigError(f"file store URL {url!r} must look like file:///absolute/path")
+        return FileStore(parts.path)
+    if scheme == "s3":
+        from shardlease.stores.s3 import S3Store
+
+        return S3Store.from_url(url)
+    if scheme == "kubernetes":
+        from shardlease.stores.kubernetes import KubernetesStore  # type: ignore[import-not-found]
+
+        return KubernetesStore.from_url(url)  # type: ignore[no-any-return]
+    raise ConfigError(
+        f"unknown store URL {url!r}: use one of memory://NAME, file:///path, "
+        "s3://bucket/prefix or kubernetes://NAMESPACE"
+    )

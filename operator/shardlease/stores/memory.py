@@ -1,0 +1,94 @@
+"""In-process store: the reference implementation, for tests and the simulation.
+
+Stores sharing one `MemoryBackend` see the same records, like processes sharing
+one bucket. The backend keeps bytes, not objects, so the memory store goes
+through the same encoding and validation as the real stores.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from shardlease.errors import Conflict
+from shardlease.records import Heartbeat, Lease, Stored, encode, stored_lease
+from shardlease.stores.base import LeaseStore
+
+
+@dataclass
+class MemoryBackend:
+    """The shared state: (cluster, shard) -> (version, bytes)."""
+
+    leases: dict[tuple[str, int], tuple[str, bytes]] = field(default_factory=dict)
+    heartbeats: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
+    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def next_version(self) -> str:
+        return str(next(self._versions))
+
+
+_NAMED: dict[str, MemoryBackend] = {}
+
+
+def named_backend(name: str) -> MemoryBackend:
+    """`memory://NAME` stores of one process share the backend called NAME."""
+    return _NAMED.setdefault(name, MemoryBackend())
+
+
+class MemoryStore(LeaseStore):
+    def __init__(self, backend: MemoryBackend | None = None, name: str = "") -> None:
+        super().__init__()
+        self.backend = backend if backend is not None else MemoryBackend()
+        self.name = name
+
+    def describe(self) -> str:
+        return f"memory://{self.name}"
+
+    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        self._count("list")
+        return {
+            shard: stored_lease(data, version, cluster, shard)
+            for (c, shard), (version, data) in sorted(self.backend.leases.items())
+            if c == cluster
+        }
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        self._count("get")
+        found = self.backend.leases.get((cluster, shard))
+        return None if found is None else stored_lease(found[1], found[0], cluster, shard)
+
+    async def create_lease(self, lease: Lease) -> str:
+        self._count("put")
+        key = (lease.cluster, lease.shard)
+        if key in self.backend.leases:
+            raise Conflict(f"lease {lease.cluster}/{lease.shard} exists")
+        version = self.backend.next_version()
+        self.backend.leases[key] = (version, encode(lease))
+        return version
+
+    async def update_lease(self, lease: Lease, version: str) -> str:
+        self._count("put")
+        key = (lease.cluster, lease.shard)
+        found = self.backend.leases.get(key)
+        if found is None or found[0] != version:
+            raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
+        new = self.backend.next_version()
+        self.backend.leases[key] = (new, encode(lease))
+        return new
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        self._count("list")
+        return {node: v for (c, node), (v, _) in self.backend.heartbeats.items() if c == cluster}
+
+    async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        self._count("put")
+        self.backend.heartbeats[(heartbeat.cluster, heartbeat.node)] = (
+            self.backend.next_version(), encode(heartbeat))
+
+    async def delete_heartbeat(self, cluster: str, node: str) -> None:
+        self._count("delete")
+        self.backend.heartbeats.pop((cluster, node), None)
+
+    def put_raw_lease(self, cluster: str, shard: int, data: bytes) -> None:
+        """Write arbitrary bytes as a lease (tests of corrupt records)."""
+        self.backend.leases[(cluster, shard)] = (self.backend.next_version(), data)
