@@ -1,0 +1,764 @@
+"""A real Kubernetes control plane (etcd + kube-apiserver) on loopback for tests.
+
+envtest-style: no controller-manager, no scheduler, no kubelet. Binaries are
+built from Go modules with the local Go toolchain into a cache keyed by
+version:
+
+    ${SHARDLEASE_CACHE:-$HOME/.cache/shardlease}/bin/<name>-<version>
+
+Stdlib only. Used by the ``e2e/controlplane`` CLI and by ``tests/k8s/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# ---------------------------------------------------------------------------
+# Pinned versions.
+# ---------------------------------------------------------------------------
+# Newest stable release the module proxy serves that builds with our Go
+# (k8s.io/kubernetes v1.37.x and v1.36.x both declare `go 1.26.0`).
+K8S_VERSION = "v1.37.2"
+# Newest etcd 3.6 release (declares `go 1.26.0`).
+ETCD_VERSION = "v3.6.16"
+# Newest Helm 3 release (declares `go 1.26.0`).
+HELM_VERSION = "v3.22.0"
+# MinIO tags its releases RELEASE.<date>, which are not semver, so Go only
+# knows it by pseudo-version. This is the last commit (2026-02-12) on the
+# default branch; it declares `go 1.24.0`.
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+
+K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
+
+BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm", "minio")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SHARDLEASE_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path.home() / ".cache" / "shardlease"
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def versions() -> dict[str, str]:
+    return {
+        "etcd": ETCD_VERSION,
+        "kube-apiserver": K8S_VERSION,
+        "kubectl": K8S_VERSION,
+        "helm": HELM_VERSION,
+        "minio": MINIO_VERSION,
+    }
+
+
+def binary_path(name: str) -> Path:
+    return bin_dir() / f"{name}-{versions()[name]}"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    # Build progress goes to stderr: `up` keeps stdout for the export line.
+    print(f"[controlplane] {msg}", file=sys.stderr, flush=True)
+
+
+def _go() -> str:
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not os.path.exists(go):
+        raise BuildError("the `go` toolchain is not installed (need Go >= 1.26)")
+    return go
+
+
+def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CGO_ENABLED"] = "0"
+    # Never download another toolchain: build with the installed one or fail.
+    env["GOTOOLCHAIN"] = "local"
+    env["GOFLAGS"] = "-buildvcs=false"
+    env.setdefault("GOPATH", str(Path.home() / "go"))
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+         log: Path | None = None) -> str:
+    """Run a build command; raise BuildError with its output on failure."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env or _go_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n")
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise BuildError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return proc.stdout
+
+
+def _mod_download(mod: str) -> dict:
+    """`go mod download -json mod@ver` outside any module; returns its JSON."""
+    with tempfile.TemporaryDirectory() as d:
+        out = subprocess.run([_go(), "mod", "download", "-json", mod], cwd=d,
+                             env=_go_env({"GOFLAGS": "-mod=mod", "GO111MODULE": "on"}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise BuildError(f"go mod download {mod} failed:\n{out.stderr}") from None
+    if info.get("Error") or out.returncode != 0:
+        raise BuildError(f"go mod download {mod} failed: {info.get('Error') or out.stderr}")
+    return info
+
+
+def _local_replaces(gomod_text: str) -> list[str]:
+    """Module paths that a go.mod replaces with a local directory (./ or ../)."""
+    mods: list[str] = []
+    in_block = False
+    for raw in gomod_text.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("replace ("):
+            in_block = True
+            continue
+        if in_block and line == ")":
+            in_block = False
+            continue
+        if line.startswith("replace "):
+            line = line[len("replace "):].strip()
+        elif not in_block:
+            continue
+        if "=>" not in line:
+            continue
+        left, right = (s.strip() for s in line.split("=>", 1))
+        target = right.split()[0]
+        if target.startswith("./") or target.startswith("../"):
+            mods.append(left.split()[0])
+    return mods
+
+
+def _wrapper_module(workdir: Path, name: str, require: str, version: str,
+                    replaces: dict[str, str]) -> None:
+    """Write a throwaway main module that requires `require@version` and
+    pins `replaces` (module -> published version)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [f"module shardlease.invalid/build/{name}", "", "go 1.26.0", "",
+             f"require {require} {version}", ""]
+    if replaces:
+        lines.append("replace (")
+        for mod, ver in sorted(replaces.items()):
+            lines.append(f"\t{mod} => {mod} {ver}")
+        lines.append(")")
+    (workdir / "go.mod").write_text("\n".join(lines) + "\n")
+    (workdir / "go.sum").touch()
+
+
+def _finish(tmp: Path, final: Path) -> None:
+    if not tmp.exists():
+        raise BuildError(f"build produced no binary at {tmp}")
+    tmp.chmod(0o755)
+    os.replace(tmp, final)
+
+
+def _k8s_replaces() -> dict[str, str]:
+    """Staging modules of k8s.io/kubernetes -> their published v0.Y.Z tag,
+    read from the k8s.io/kubernetes go.mod itself."""
+    info = _mod_download(f"k8s.io/kubernetes@{K8S_VERSION}")
+    staging = _local_replaces(Path(info["GoMod"]).read_text())
+    if not staging:
+        raise BuildError("found no ./staging replaces in k8s.io/kubernetes go.mod")
+    tag = "v0." + K8S_VERSION.lstrip("v").split(".", 1)[1]
+    return {m: tag for m in staging}
+
+
+def _k8s_ldflags() -> str:
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {pkg}.gitVersion={K8S_VERSION}", f"-X {pkg}.gitMajor=1",
+                  f"-X {pkg}.gitMinor={K8S_MINOR}", f"-X {pkg}.gitTreeState=clean"]
+    return " ".join(flags)
+
+
+def _build_k8s(name: str, log: Path) -> None:
+    pkg = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+           "kubectl": "k8s.io/kubernetes/cmd/kubectl"}[name]
+    work = cache_dir() / "build" / f"kubernetes-{K8S_VERSION}"
+    # Regenerated on every build (cheap): `-mod=mod` re-adds requirements.
+    _wrapper_module(work, "kubernetes", "k8s.io/kubernetes", K8S_VERSION, _k8s_replaces())
+    final = binary_path(name)
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    _run([_go(), "build", "-mod=mod", "-trimpath", "-ldflags", _k8s_ldflags(),
+          "-o", str(tmp), pkg], cwd=work, log=log)
+    _finish(tmp, final)
+
+
+def _build_etcd(log: Path) -> None:
+    work = cache_dir() / "build" / f"etcd-{ETCD_VERSION}"
+    info = _mod_download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}")
+    local = _local_replaces(Path(info["GoMod"]).read_text())
+    # The server's go.mod points its sibling modules (api, client, pkg) at
+    # ../ directories and points forbidden ones at ./FORBIDDEN_DEPENDENCY;
+    # pin the siblings to the same published tag, keep forbidden ones out.
+    reps = {m: ETCD_VERSION for m in local if m.startswith("go.etcd.io/etcd/")
+            and m.endswith("/v3") and m != "go.etcd.io/etcd/v3"}
+    _wrapper_module(work, "etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, reps)
+    final = binary_path("etcd")
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    _run([_go(), "build", "-mod=mod", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp),
+          "go.etcd.io/etcd/server/v3"], cwd=work, log=log)
+    _finish(tmp, final)
+
+
+def _go_install(name: str, pkg_at_version: str, ldflags: str, log: Path) -> None:
+    final = binary_path(name)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=bin_dir()))
+    try:
+        with tempfile.TemporaryDirectory() as cwd:
+            _run([_go(), "install", "-trimpath", "-ldflags", ldflags, pkg_at_version],
+                 cwd=Path(cwd), env=_go_env({"GOBIN": str(tmpdir)}), log=log)
+        base = pkg_at_version.split("@")[0].rsplit("/", 1)[-1]
+        _finish(tmpdir / base, final)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _build_helm(log: Path) -> None:
+    ld = ["-s", "-w", f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+          "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
+    for pkg in ("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"):
+        ld += [f"-X {pkg}.k8sVersionMajor=1", f"-X {pkg}.k8sVersionMinor={K8S_MINOR}"]
+    _go_install("helm", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}", " ".join(ld), log)
+
+
+def _build_minio(log: Path) -> None:
+    # Pseudo-version v0.0.0-YYYYMMDDhhmmss-commit -> MinIO's own stamps.
+    _, stamp, commit = MINIO_VERSION.split("-")
+    t = time.strptime(stamp, "%Y%m%d%H%M%S")
+    version = time.strftime("%Y-%m-%dT%H:%M:%SZ", t)
+    ld = ["-s", "-w", f"-X github.com/minio/minio/cmd.Version={version}",
+          f"-X github.com/minio/minio/cmd.ReleaseTag=RELEASE.{version.replace(':', '-')}",
+          f"-X github.com/minio/minio/cmd.CommitID={commit}",
+          f"-X github.com/minio/minio/cmd.ShortCommitID={commit}",
+          f"-X github.com/minio/minio/cmd.CopyrightYear={t.tm_year}"]
+    _go_install("minio", f"github.com/minio/minio@{MINIO_VERSION}", " ".join(ld), log)
+
+
+_BUILDERS = {
+    "etcd": lambda log: _build_etcd(log),
+    "kube-apiserver": lambda log: _build_k8s("kube-apiserver", log),
+    "kubectl": lambda log: _build_k8s("kubectl", log),
+    "helm": lambda log: _build_helm(log),
+    "minio": lambda log: _build_minio(log),
+}
+
+
+@contextlib.contextmanager
+def _build_lock():
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_binaries(names: tuple[str, ...] | list[str] = BINARIES) -> dict[str, Path]:
+    """Build whichever of `names` is missing from the cache; return their paths.
+
+    Idempotent and safe to call from concurrent processes (file lock). Raises
+    BuildError if a build fails; never returns a half-written binary.
+    """
+    names = list(names)
+    for n in names:
+        if n not in _BUILDERS:
+            raise ValueError(f"unknown binary {n!r}; known: {', '.join(BINARIES)}")
+    paths = {n: binary_path(n) for n in names}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    with _build_lock():
+        bin_dir().mkdir(parents=True, exist_ok=True)
+        log = cache_dir() / "build.log"
+        total = time.monotonic()
+        for n in names:
+            if paths[n].exists():
+                continue
+            _log(f"building {paths[n].name} (log: {log}) ...")
+            t0 = time.monotonic()
+            try:
+                _BUILDERS[n](log)
+            except BuildError:
+                _log(f"FAILED {paths[n].name} after {time.monotonic() - t0:.0f}s")
+                raise
+            _log(f"built {paths[n].name} in {time.monotonic() - t0:.0f}s")
+        _log(f"build done in {time.monotonic() - total:.0f}s")
+    return paths
+
+
+# ---------------------------------------------------------------------------
+# Control plane
+# ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args)} failed:\n{proc.stdout}")
+
+
+def _make_pki(d: Path) -> None:
+    """CA, apiserver serving cert (127.0.0.1/localhost), admin client cert in
+    system:masters, and the service-account signing key pair."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+             "-out", "ca.crt", "-days", "3650", "-subj", "/CN=shardlease-test-ca", cwd=d)
+    (d / "serving.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+    (d / "client.ext").write_text(
+        "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+    for name, subj, ext in (("apiserver", "/CN=kube-apiserver", "serving.ext"),
+                            ("admin", "/O=system:masters/CN=shardlease-admin", "client.ext")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", "-subj", subj, cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "3650",
+                 "-extfile", ext, cwd=d)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+    for p in d.glob("*.key"):
+        p.chmod(0o600)
+
+
+def _pdeathsig() -> None:
+    """preexec_fn: SIGTERM the child when the parent dies (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie counts as dead
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _terminate(pid: int, expect: str, timeout: float = 15.0) -> None:
+    """SIGTERM pid (only if its command line contains `expect`), then SIGKILL."""
+    if not _alive(pid) or expect not in _cmdline(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver on 127.0.0.1 with an admin kubeconfig.
+
+    state_dir: where data, certs, logs and the kubeconfig live; a fresh temp
+    dir if None. die_with_parent: the processes get SIGTERM when the creating
+    process exits (what test fixtures want; the CLI turns it off).
+    """
+
+    state_dir: Path | None = None
+    die_with_parent: bool = True
+    start_timeout: float = 120.0
+    etcd_port: int = 0
+    etcd_peer_port: int = 0
+    apiserver_port: int = 0
+    etcd_pid: int | None = None
+    apiserver_pid: int | None = None
+    _procs: list = field(default_factory=list, repr=False)
+    _owns_dir: bool = field(default=False, repr=False)
+
+    # -- paths ------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    @property
+    def dir(self) -> Path:
+        assert self.state_dir is not None
+        return Path(self.state_dir)
+
+    @property
+    def pki(self) -> Path:
+        return self.dir / "pki"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> "ControlPlane":
+        bins = ensure_binaries(("etcd", "kube-apiserver"))
+        if self.state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="shardlease-cp-"))
+            self._owns_dir = True
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not (self.pki / "admin.crt").exists():
+            _make_pki(self.pki)
+        last: Exception | None = None
+        # Ports are picked free then bound by the child: retry on a lost race.
+        for _attempt in range(3):
+            try:
+                self._start_etcd(bins["etcd"])
+                self._start_apiserver(bins["kube-apiserver"])
+                self._write_kubeconfig()
+                self._write_state()
+                return self
+            except Exception as e:  # noqa: BLE001
+                last = e
+                self._kill_procs()
+                if "address already in use" not in str(e):
+                    break
+        raise RuntimeError(f"control plane failed to start: {last}") from last
+
+    def _popen(self, argv: list[str], logname: str) -> subprocess.Popen:
+        logf = open(self.dir / logname, "ab")
+        try:
+            p = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                cwd=self.dir, start_new_session=True,
+                preexec_fn=_pdeathsig if self.die_with_parent else None)
+        finally:
+            logf.close()
+        self._procs.append(p)
+        return p
+
+    def _log_tail(self, logname: str, n: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join((self.dir / logname).read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def _start_etcd(self, etcd: Path) -> None:
+        self.etcd_port, self.etcd_peer_port = free_port(), free_port()
+        data = self.dir / "etcd-data"
+        shutil.rmtree(data, ignore_errors=True)
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        p = self._popen([
+            str(etcd), "--name=default", f"--data-dir={data}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}", "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ], "etcd.log")
+        self.etcd_pid = p.pid
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"etcd exited with {p.returncode}:\n{self._log_tail('etcd.log')}")
+            try:
+                with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"etcd not healthy after 30s:\n{self._log_tail('etcd.log')}")
+
+    def _start_apiserver(self, apiserver: Path) -> None:
+        self.apiserver_port = free_port()
+        pki = self.pki
+        certdir = self.dir / "apiserver-certs"
+        certdir.mkdir(exist_ok=True)
+        p = self._popen([
+            str(apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={certdir}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ], "kube-apiserver.log")
+        self.apiserver_pid = p.pid
+        ctx = self.ssl_context()
+        deadline = time.monotonic() + self.start_timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"kube-apiserver exited with {p.returncode}:\n"
+                                   f"{self._log_tail('kube-apiserver.log')}")
+            try:
+                with urllib.request.urlopen(f"{self.server}/readyz", timeout=3, context=ctx) as r:
+                    if r.status == 200:
+                        return
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}"
+            except (OSError, ValueError) as e:
+                last = str(e)
+            time.sleep(0.25)
+        raise RuntimeError(f"kube-apiserver not ready after {self.start_timeout:.0f}s ({last}):\n"
+                           f"{self._log_tail('kube-apiserver.log')}")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def _write_kubeconfig(self) -> None:
+        def b64(name: str) -> str:
+            return base64.b64encode((self.pki / name).read_bytes()).decode()
+
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "clusters": [{"name": "shardlease", "cluster": {
+                "server": self.server, "certificate-authority-data": b64("ca.crt")}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate-data": b64("admin.crt"),
+                "client-key-data": b64("admin.key")}}],
+            "contexts": [{"name": "shardlease", "context": {
+                "cluster": "shardlease", "user": "admin", "namespace": "default"}}],
+            "current-context": "shardlease",
+        }
+        # JSON is valid YAML, so every kubeconfig reader accepts it.
+        tmp = self.kubeconfig.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+        tmp.chmod(0o600)
+        os.replace(tmp, self.kubeconfig)
+
+    def _write_state(self) -> None:
+        state = {
+            "etcd": {"pid": self.etcd_pid, "port": self.etcd_port,
+                     "peer_port": self.etcd_peer_port, "url": self.etcd_url,
+                     "binary": str(binary_path("etcd"))},
+            "kube-apiserver": {"pid": self.apiserver_pid, "port": self.apiserver_port,
+                               "url": self.server, "binary": str(binary_path("kube-apiserver")),
+                               "version": K8S_VERSION},
+            "kubeconfig": str(self.kubeconfig),
+            "state_dir": str(self.dir),
+        }
+        self.state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, state_dir: Path) -> "ControlPlane | None":
+        """Re-attach to a control plane started by another process (the CLI)."""
+        sf = Path(state_dir) / "state.json"
+        if not sf.exists():
+            return None
+        s = json.loads(sf.read_text())
+        return cls(state_dir=Path(state_dir), die_with_parent=False,
+                   etcd_port=s["etcd"]["port"], etcd_peer_port=s["etcd"]["peer_port"],
+                   apiserver_port=s["kube-apiserver"]["port"],
+                   etcd_pid=s["etcd"]["pid"], apiserver_pid=s["kube-apiserver"]["pid"])
+
+    def running(self) -> dict[str, bool]:
+        return {
+            "etcd": bool(self.etcd_pid and _alive(self.etcd_pid)
+                         and "etcd" in _cmdline(self.etcd_pid)),
+            "kube-apiserver": bool(self.apiserver_pid and _alive(self.apiserver_pid)
+                                   and "kube-apiserver" in _cmdline(self.apiserver_pid)),
+        }
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.server}/readyz", timeout=3,
+                                        context=self.ssl_context()) as r:
+                return r.status == 200
+        except (OSError, ValueError):
+            return False
+
+    def _kill_procs(self) -> None:
+        # apiserver first, so it does not spin on a vanished etcd.
+        for pid, expect in ((self.apiserver_pid, "kube-apiserver"), (self.etcd_pid, "etcd")):
+            if pid:
+                _terminate(pid, expect)
+        for p in self._procs:
+            with contextlib.suppress(Exception):
+                p.wait(timeout=1)
+        self._procs.clear()
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop both processes and (by default) delete all their data."""
+        self._kill_procs()
+        self.etcd_pid = self.apiserver_pid = None
+        if remove and self.state_dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------
+# CLI (e2e/controlplane)
+# ---------------------------------------------------------------------------
+def default_state_dir() -> Path:
+    return cache_dir() / "controlplane"
+
+
+def _cmd_build(args: list[str]) -> int:
+    names = args or list(BINARIES)
+    t0 = time.monotonic()
+    missing = [n for n in names if not binary_path(n).exists()]
+    try:
+        paths = ensure_binaries(names)
+    except (BuildError, ValueError) as e:
+        print(f"build failed: {e}", file=sys.stderr)
+        return 1
+    for n, p in paths.items():
+        print(f"{n:15} {versions()[n]:40} {p}")
+    what = f"built {', '.join(missing)}" if missing else "all cached"
+    print(f"{what}; {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def _cmd_up(args: list[str]) -> int:
+    sd = default_state_dir()
+    cp = ControlPlane.load(sd)
+    if cp is not None and all(cp.running().values()) and cp.ready():
+        print(f"export KUBECONFIG={cp.kubeconfig}")
+        return 0
+    if cp is not None:  # stale or half-dead: clean it up first
+        cp.stop()
+    try:
+        cp = ControlPlane(state_dir=sd, die_with_parent=False).start()
+    except BuildError as e:
+        print(f"build failed: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={cp.kubeconfig}")
+    return 0
+
+
+def _cmd_down(args: list[str]) -> int:
+    sd = default_state_dir()
+    cp = ControlPlane.load(sd)
+    if cp is None:
+        shutil.rmtree(sd, ignore_errors=True)
+        print("not running")
+        return 0
+    cp.stop()
+    print(f"stopped; removed {sd}")
+    return 0
+
+
+def _cmd_status(args: list[str]) -> int:
+    cp = ControlPlane.load(default_state_dir())
+    if cp is None:
+        print("not running")
+        for n in BINARIES:
+            print(f"binary {n}: {binary_path(n)} {'(cached)' if binary_path(n).exists() else '(missing)'}")
+        return 1
+    run = cp.running()
+    print(f"etcd           pid={cp.etcd_pid} {'running' if run['etcd'] else 'DEAD'} {cp.etcd_url}")
+    print(f"kube-apiserver pid={cp.apiserver_pid} "
+          f"{'running' if run['kube-apiserver'] else 'DEAD'} {cp.server} "
+          f"{'ready' if run['kube-apiserver'] and cp.ready() else 'not ready'} ({K8S_VERSION})")
+    print(f"kubeconfig     {cp.kubeconfig}")
+    print(f"state dir      {cp.dir}")
+    return 0 if all(run.values()) else 1
+
+
+USAGE = """usage: e2e/controlplane COMMAND
+  build [NAME...]  build missing binaries into the cache ({names})
+  up               build what is missing, start etcd + kube-apiserver on 127.0.0.1,
+                   print `export KUBECONFIG=...`
+  down             stop them and remove their data
+  status           show pids, ports, kubeconfig
+  path NAME        print the cached binary path of NAME (building it if missing)
+cache: $SHARDLEASE_CACHE (default ~/.cache/shardlease)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE.format(names=", ".join(BINARIES)))
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "path":
+        if len(rest) != 1:
+            print("usage: e2e/controlplane path NAME", file=sys.stderr)
+            return 2
+        try:
+            print(ensure_binaries([rest[0]])[rest[0]])
+        except (BuildError, ValueError) as e:
+            print(f"build failed: {e}", file=sys.stderr)
+            return 1
+        return 0
+    handlers = {"build": _cmd_build, "up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
+    if cmd not in handlers:
+        print(USAGE.format(names=", ".join(BINARIES)), file=sys.stderr)
+        return 2
+    return handlers[cmd](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
