@@ -104,17 +104,25 @@ def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
-         log: Path | None = None) -> str:
-    """Run a build command; raise BuildError with its output on failure."""
-    proc = subprocess.run(cmd, cwd=cwd, env=env or _go_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    if log is not None:
-        with open(log, "a") as f:
-            f.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n")
+         log: Path | None = None) -> None:
+    """Run a build command, streaming its output to `log` (or a temp file);
+    raise BuildError with the tail of that output on failure."""
+    with contextlib.ExitStack() as stack:
+        if log is not None:
+            out = stack.enter_context(open(log, "a+"))
+        else:
+            out = stack.enter_context(tempfile.TemporaryFile("w+"))
+        out.write(f"\n$ (cd {cwd}; {' '.join(cmd)})\n")
+        out.flush()
+        start = out.tell()
+        proc = subprocess.run(cmd, cwd=cwd, env=env or _go_env(), stdout=out,
+                              stderr=subprocess.STDOUT)
+        out.seek(start)
+        text = out.read()
+        out.write(f"[exit {proc.returncode}]\n")
     if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        tail = "\n".join(text.splitlines()[-40:])
         raise BuildError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
-    return proc.stdout
 
 
 def _mod_download(mod: str) -> dict:
