@@ -1,8 +1,8 @@
 """shardlease: place the shards of a sharded application with leases."""
 
 from shardlease.errors import (
-    Conflict,
     ConfigError,
+    Conflict,
     CorruptRecord,
     HostError,
     ShardleaseError,

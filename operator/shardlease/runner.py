@@ -1,0 +1,297 @@
+"""The runner: opens and closes shards on the host, and fences them.
+
+Opens and closes run here, in tasks of their own, never in the loop: a slow
+open (or a slow store call in the loop) must not delay the other. The runner,
+not the loop, owns each shard's deadline (last successful renewal or claim,
+measured from when that request was *sent*, + lease_ttl - margin, on the
+monotonic clock): the loop may be stuck in a store call, and a shard whose
+deadline passes must be closed before its lease can expire in anyone's eyes.
+
+Per shard, the host sees calls strictly in order (one worker task per shard):
+open, then close. A shard still waiting for an open slot (`max_concurrency`)
+when it is stopped or fenced is never opened.
+
+If the runner's supervisor dies, every worker is cancelled and every open
+shard gets a best-effort close; the loop sees the dead task and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shardlease.clock import Clock
+from shardlease.hosts.base import Host
+from shardlease.telemetry import Closed, Opened, SelfFence, Telemetry
+
+logger = logging.getLogger("shardlease.runner")
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # for an open slot
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Reason(enum.StrEnum):
+    """Why a shard was closed; the loop decides from it whether to free the lease."""
+
+    RELEASE = "release"  # above the fair share: free the lease after
+    SHUTDOWN = "shutdown"  # graceful stop: free the lease after
+    OPEN_FAILED = "open_failed"  # the host could not open it: free the lease after
+    LOST = "lost"  # someone else holds the lease now: nothing to free
+    FENCED = "fenced"  # deadline passed: the lease may be about to expire
+
+
+@dataclass(eq=False)
+class _Shard:
+    shard: int
+    generation: int
+    deadline: float
+    state: State = State.WAITING
+    reason: Reason | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+#: Seconds between close attempts after a failure (doubling, capped).
+CLOSE_RETRY_FIRST = 0.5
+CLOSE_RETRY_MAX = 10.0
+#: Close attempts after a fence: the lease cannot be kept, so closing is best
+#: effort; the generation fences a shard the host failed to close.
+FENCED_CLOSE_ATTEMPTS = 3
+
+
+class Runner:
+    def __init__(
+        self,
+        host: Host,
+        *,
+        cluster: str,
+        node: str,
+        clock: Clock,
+        telemetry: Telemetry,
+        max_concurrency: int = 16,
+        open_timeout: float = 60.0,
+        close_timeout: float = 60.0,
+        on_closed: Callable[[int, Reason], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.cluster = cluster
+        self.node = node
+        self.clock = clock
+        self.telemetry = telemetry
+        self.open_timeout = open_timeout
+        self.close_timeout = close_timeout
+        self.on_closed = on_closed
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._shards: dict[int, _Shard] = {}
+        self._wake = asyncio.Event()
+        self._failed: BaseException | None = None
+
+    # -- the loop's side -------------------------------------------------------
+
+    def start(self, shard: int, generation: int, deadline: float) -> None:
+        """Open a shard just claimed (asynchronously)."""
+        if self._failed is not None:
+            raise RuntimeError("the runner has died") from self._failed
+        if shard in self._shards:
+            raise RuntimeError(f"shard {shard} is already in the runner")
+        st = _Shard(shard, generation, deadline)
+        self._shards[shard] = st
+        st.task = asyncio.create_task(self._drive(st), name=f"shardlease-shard-{shard}")
+        st.task.add_done_callback(self._worker_done)
+        self._wake.set()
+
+    def extend(self, shard: int, deadline: float) -> None:
+        """A renewal succeeded: move the deadline (never backwards, never for a
+        shard already being fenced or closed)."""
+        st = self._shards.get(shard)
+        if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
+            st.deadline = deadline
+            self._wake.set()
+
+    def stop(self, shard: int, reason: Reason) -> None:
+        """Close a shard (after its open, if one is running)."""
+        st = self._shards.get(shard)
+        if st is not None and st.reason is None:
+            st.reason = reason
+            st.stop.set()
+
+    def state(self, shard: int) -> State | None:
+        st = self._shards.get(shard)
+        return None if st is None else st.state
+
+    def deadline(self, shard: int) -> float | None:
+        st = self._shards.get(shard)
+        return None if st is None else st.deadline
+
+    def shards(self) -> dict[int, State]:
+        return {s: st.state for s, st in self._shards.items()}
+
+    # -- the supervisor ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch the deadlines until cancelled. Fences shards whose deadline passed."""
+        try:
+            while True:
+                self._wake.clear()
+                if self._failed is not None:
+                    raise RuntimeError("a shard worker failed") from self._failed
+                now = self.clock.monotonic()
+                fenced = []
+                for st in self._shards.values():
+                    if st.reason is not Reason.FENCED and st.state is not State.CLOSED \
+                            and st.deadline <= now:
+                        st.reason = Reason.FENCED
+                        st.stop.set()
+                        fenced.append(st.shard)
+                if fenced:
+                    logger.warning("self-fencing shards %s: no renewal before their deadline",
+                                   fenced)
+                    self.telemetry.emit(SelfFence(cluster=self.cluster, node=self.node,
+                                                  shards=tuple(sorted(fenced))))
+                pending = [st.deadline for st in self._shards.values()
+                           if st.reason is not Reason.FENCED and st.state is not State.CLOSED]
+                timeout = max(0.0, min(pending) - now) if pending else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+        finally:
+            await self._abort()
+
+    async def _abort(self) -> None:
+        """The supervisor is ending (cancelled or died): stop workers, then
+        close what may be open, so nothing stays open unfenced."""
+        workers = [st.task for st in self._shards.values() if st.task and not st.task.done()]
+        for t in workers:
+            t.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for st in list(self._shards.values()):
+            if st.state in (State.OPENING, State.OPEN, State.CLOSING):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.host.close(st.shard), self.close_timeout)
+                self._finish(st, st.reason or Reason.SHUTDOWN)
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._failed is None:
+            self._failed = task.exception()
+            self._wake.set()
+
+    # -- one shard ---------------------------------------------------------------
+
+    def _past_deadline(self, st: _Shard) -> bool:
+        return st.deadline <= self.clock.monotonic()
+
+    async def _drive(self, st: _Shard) -> None:
+        opened = await self._open(st)
+        if opened:
+            st.state = State.OPEN
+            now_m, now_w = self.clock.monotonic(), self.clock.wall()
+            self.telemetry.emit(Opened(cluster=self.cluster, node=self.node, shard=st.shard,
+                                       generation=st.generation, deadline=st.deadline,
+                                       deadline_wall=now_w + (st.deadline - now_m)))
+            await st.stop.wait()
+        if st.state in (State.OPENING, State.OPEN):
+            await self._close(st)
+        self._finish(st, st.reason or Reason.OPEN_FAILED)
+
+    async def _open(self, st: _Shard) -> bool:
+        """Open the shard unless it is stopped or fenced first. True when open."""
+        slot = asyncio.create_task(self._slots.acquire())
+        stopped = asyncio.create_task(st.stop.wait())
+        try:
+            await asyncio.wait({slot, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not slot.done() or st.stop.is_set() or self._past_deadline(st):
+            if slot.done() and not slot.cancelled():
+                self._slots.release()
+            else:
+                slot.cancel()
+                # The slot may have been granted while being cancelled.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await slot
+                if slot.done() and not slot.cancelled():
+                    self._slots.release()
+            if st.reason is None:
+                st.reason = Reason.FENCED
+            return False
+        try:
+            st.state = State.OPENING
+            opening = asyncio.create_task(self.host.open(st.shard, st.generation))
+            fence = asyncio.create_task(self._until_fenced(st))
+            try:
+                done, _ = await asyncio.wait({opening, fence}, timeout=self.open_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                fence.cancel()
+            if opening not in done:
+                # Fenced or timed out mid-open: cancel it; the close that
+                # follows leaves the shard closed at the host.
+                opening.cancel()
+                with contextlib.suppress(BaseException):
+                    await opening
+                why = "fenced" if st.reason is Reason.FENCED else "timed out"
+                logger.warning("open of shard %d %s", st.shard, why)
+                if st.reason is None:
+                    st.reason = Reason.OPEN_FAILED
+                return False
+            if (exc := opening.exception()) is not None:
+                logger.warning("open of shard %d failed: %s", st.shard, exc)
+                if st.reason is None:
+                    st.reason = Reason.OPEN_FAILED
+                return False
+            return True
+        finally:
+            self._slots.release()
+
+    async def _until_fenced(self, st: _Shard) -> None:
+        while st.reason is not Reason.FENCED:
+            await st.stop.wait()
+            if st.reason is not Reason.FENCED:
+                # Stopped for another reason while opening: let the open finish,
+                # then close it; only a fence interrupts an open.
+                await asyncio.Event().wait()
+
+    async def _close(self, st: _Shard) -> None:
+        """Close, retrying on failure. The lease is kept (and renewed by the
+        loop) until this returns, unless the shard is fenced."""
+        st.state = State.CLOSING
+        delay = CLOSE_RETRY_FIRST
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await asyncio.wait_for(self.host.close(st.shard), self.close_timeout)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.warning("close of shard %d failed (attempt %d): %s", st.shard, attempt, e)
+            if st.reason is Reason.FENCED and attempt >= FENCED_CLOSE_ATTEMPTS:
+                logger.error("giving up closing fenced shard %d; the generation fences it",
+                             st.shard)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CLOSE_RETRY_MAX)
+            if self._past_deadline(st) and st.reason is not Reason.FENCED:
+                st.reason = Reason.FENCED
+
+    def _finish(self, st: _Shard, reason: Reason) -> None:
+        if st.state is State.CLOSED:
+            return
+        st.state = State.CLOSED
+        st.reason = reason
+        if self._shards.get(st.shard) is st:
+            del self._shards[st.shard]
+        self.telemetry.emit(Closed(cluster=self.cluster, node=self.node, shard=st.shard,
+                                   reason=reason.value))
+        if self.on_closed is not None:
+            self.on_closed(st.shard, reason)
+        self._wake.set()

@@ -1,0 +1,175 @@
+"""Telemetry: events as values, delivered to subscribers.
+
+The seed's events (claim, release, lost, self_fence, renew_failed) plus the
+runner's opened/closed, as frozen dataclasses. Subscribers are plain callables
+(the Python hook API); the Prometheus metrics and the structured logs are two
+such subscribers. A subscriber that raises is logged and never disturbs the
+loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+logger = logging.getLogger("shardlease")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    cluster: str
+    node: str
+
+    @property
+    def kind(self) -> str:
+        return type(self).KIND  # type: ignore[attr-defined, no-any-return]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim(Event):
+    KIND = "claim"
+    shard: int
+    generation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release(Event):
+    KIND = "release"
+    shard: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lost(Event):
+    KIND = "lost"
+    shard: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfFence(Event):
+    KIND = "self_fence"
+    shards: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewFailed(Event):
+    KIND = "renew_failed"
+    shards: tuple[int, ...]
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Opened(Event):
+    KIND = "opened"
+    shard: int
+    generation: int
+    #: The runner's deadline, on the node's monotonic clock, and converted to
+    #: the node's wall clock for recorders comparing nodes on one machine.
+    deadline: float
+    deadline_wall: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Closed(Event):
+    KIND = "closed"
+    shard: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorruptLease(Event):
+    KIND = "corrupt"
+    shard: int
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Round(Event):
+    KIND = "round"
+    live_nodes: int
+    share: int
+    held: int
+    duration: float
+    ok: bool
+
+
+Subscriber = Callable[[Event], None]
+
+
+@dataclass
+class Telemetry:
+    subscribers: list[Subscriber] = field(default_factory=list)
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Add a hook; returns a function that removes it."""
+        self.subscribers.append(subscriber)
+        return lambda: self.subscribers.remove(subscriber)
+
+    def emit(self, event: Event) -> None:
+        for subscriber in list(self.subscribers):
+            try:
+                subscriber(event)
+            except Exception:
+                logger.exception("telemetry subscriber %r failed on %s", subscriber, event.kind)
+
+
+def log_events(event: Event) -> None:
+    """Structured logs: one record per event, its fields in `extra`."""
+    if isinstance(event, Round):
+        level = logging.DEBUG
+    elif isinstance(event, SelfFence | Lost | RenewFailed | CorruptLease):
+        level = logging.WARNING
+    else:
+        level = logging.INFO
+    fields = asdict(event)
+    text = " ".join(f"{k}={v}" for k, v in fields.items())
+    logger.log(level, "%s %s", event.kind, text, extra={"event": event.kind, "fields": fields})
+
+
+class PrometheusMetrics:
+    """Counters and gauges for the events, on a prometheus-client registry."""
+
+    def __init__(self, registry: object | None = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        reg = registry if registry is not None else REGISTRY
+        labels = ["cluster", "node"]
+        self.claims = Counter("shardlease_claims", "Leases claimed", labels, registry=reg)
+        self.releases = Counter("shardlease_releases", "Leases released", labels, registry=reg)
+        self.lost = Counter("shardlease_lost", "Leases found taken", labels, registry=reg)
+        self.fenced = Counter("shardlease_self_fenced_shards", "Shards closed at their deadline",
+                              labels, registry=reg)
+        self.renew_failed = Counter("shardlease_renew_failures", "Rounds with failed renewals",
+                                    labels, registry=reg)
+        self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
+                               labels, registry=reg)
+        self.held = Gauge("shardlease_held_shards", "Leases held by this node", labels,
+                          registry=reg)
+        self.live = Gauge("shardlease_live_nodes", "Nodes seen live", labels, registry=reg)
+        self.share = Gauge("shardlease_fair_share", "ceil(shards / live nodes)", labels,
+                           registry=reg)
+        self.rounds = Histogram("shardlease_round_seconds", "Duration of a placement round",
+                                labels, registry=reg)
+
+    def __call__(self, event: Event) -> None:
+        lab = (event.cluster, event.node)
+        match event:
+            case Claim():
+                self.claims.labels(*lab).inc()
+            case Release():
+                self.releases.labels(*lab).inc()
+            case Lost():
+                self.lost.labels(*lab).inc()
+            case SelfFence(shards=shards):
+                self.fenced.labels(*lab).inc(len(shards))
+            case RenewFailed():
+                self.renew_failed.labels(*lab).inc()
+            case CorruptLease():
+                self.corrupt.labels(*lab).inc()
+            case Round(live_nodes=live, share=share, held=held, duration=duration):
+                self.held.labels(*lab).set(held)
+                self.live.labels(*lab).set(live)
+                self.share.labels(*lab).set(share)
+                self.rounds.labels(*lab).observe(duration)
+            case _:
+                pass
