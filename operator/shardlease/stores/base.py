@@ -36,7 +36,7 @@ class LeaseStore(abc.ABC):
     def describe(self) -> str:
         """A short human description (URL without secrets)."""
 
-    async def check(self) -> None:
+    async def check(self) -> None:  # noqa: B027 - optional hook
         """Verify at start that the store is reachable and enforces conditional
         writes. Raises `StoreUnsafe` or `StoreError` with a message saying what
         to do. The default does nothing (stores that enforce it by design)."""
