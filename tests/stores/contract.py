@@ -1,0 +1,539 @@
+"""The behaviour every lease store must have, written once.
+
+Subclass `StoreContract` in a `test_*.py` module, as a class named `Test...`,
+and define these fixtures on the subclass (plain `@pytest.fixture`; async
+fixtures work as is, pytest-asyncio runs in auto mode):
+
+`store` (required)
+    A fresh, empty `LeaseStore` (no leases or heartbeats in any cluster the
+    tests use). An async generator fixture is fine; close the store after
+    `yield`.
+
+`put_raw` (required)
+    A callable `async (cluster: str, shard: int, data: bytes) -> None` that
+    plants `data` as the stored lease record of `shard` in `cluster`, bypassing
+    encoding and validation, in the backing storage `store` reads (for the
+    corrupt record tests). It must create the record if missing and replace it
+    otherwise.
+
+`make_second_store` (optional)
+    A callable `async () -> LeaseStore` that opens another client on the same
+    backing storage as `store`, as another process would (a new connection /
+    session / directory handle). It is called up to twenty times per test; the
+    fixture closes what it opened at teardown. The default returns `store`
+    itself, for a backend that has no second client.
+
+`second_store` is derived from `make_second_store`; subclasses need not define it.
+
+The contract never sleeps and never depends on wall-clock time; the tests use
+the clusters named in `CLUSTER` and `OTHER_CLUSTER`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from shardlease.errors import Conflict, StoreError
+from shardlease.records import (
+    MAX_RECORD_BYTES,
+    Heartbeat,
+    Lease,
+    Stored,
+    encode,
+    new_write_id,
+)
+from shardlease.stores.base import LeaseStore
+
+CLUSTER = "contract"
+OTHER_CLUSTER = "contract-other"
+CLAIMERS = 20
+
+PutRaw = Callable[[str, int, bytes], Awaitable[None]]
+MakeStore = Callable[[], Awaitable[LeaseStore]]
+
+
+def make_lease(shard: int = 0, owner: str | None = "node-a", generation: int = 1,
+               cluster: str = CLUSTER, **extra: Any) -> Lease:
+    """A valid lease with a fresh write_id."""
+    return Lease(cluster=cluster, shard=shard, owner=owner, generation=generation,
+                 incarnation="inc-1", write_id=new_write_id(), renewed_at=1000.0, ttl=15.0,
+                 **extra)
+
+
+def rewrite(lease: Lease, **changes: Any) -> Lease:
+    """The same lease as a new write (fresh write_id), with `changes`."""
+    return lease.model_copy(update={"write_id": new_write_id(), **changes})
+
+
+def make_heartbeat(node: str = "node-a", seq: int = 0, cluster: str = CLUSTER) -> Heartbeat:
+    return Heartbeat(cluster=cluster, node=node, incarnation="inc-1", seq=seq,
+                     write_id=new_write_id(), at=1000.0)
+
+
+def valid(stored: Stored[Lease] | None) -> Lease:
+    """The record of a stored lease that must be present and valid."""
+    assert stored is not None, "lease is missing"
+    assert stored.error is None, stored.error
+    assert stored.record is not None
+    return stored.record
+
+
+class LostAnswerStore(LeaseStore):
+    """Another client on `inner`'s storage whose next write answer is lost.
+
+    With `happen=True` the write really happens, then the call raises
+    `StoreError` as a dropped connection would; with `happen=False` it raises
+    before reaching the store. Everything else is passed through, so the
+    inherited `write_lease` runs its recovery against the real store.
+    """
+
+    def __init__(self, inner: LeaseStore, happen: bool = True) -> None:
+        super().__init__()
+        self.inner = inner
+        self.happen = happen
+        self.lose_next = True
+
+    def describe(self) -> str:
+        return f"lost-answer({self.inner.describe()})"
+
+    def _lose(self) -> None:
+        if self.lose_next:
+            self.lose_next = False
+            raise StoreError("connection reset by peer (simulated lost answer)")
+
+    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        return await self.inner.list_leases(cluster)
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        return await self.inner.get_lease(cluster, shard)
+
+    async def create_lease(self, lease: Lease) -> str:
+        if not self.happen:
+            self._lose()
+        version = await self.inner.create_lease(lease)
+        self._lose()
+        return version
+
+    async def update_lease(self, lease: Lease, version: str) -> str:
+        if not self.happen:
+            self._lose()
+        new = await self.inner.update_lease(lease, version)
+        self._lose()
+        return new
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        return await self.inner.list_heartbeats(cluster)
+
+    async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        await self.inner.put_heartbeat(heartbeat)
+
+    async def delete_heartbeat(self, cluster: str, node: str) -> None:
+        await self.inner.delete_heartbeat(cluster, node)
+
+
+class StoreContract:
+    """Tests every `LeaseStore` must pass; see the module docstring for the fixtures."""
+
+    # -- fixtures a subclass provides -----------------------------------------
+
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[LeaseStore]:
+        raise NotImplementedError("the store's test class must define the `store` fixture")
+        yield  # pragma: no cover
+
+    @pytest.fixture
+    def put_raw(self, store: LeaseStore) -> PutRaw:
+        raise NotImplementedError("the store's test class must define the `put_raw` fixture")
+
+    @pytest.fixture
+    def make_second_store(self, store: LeaseStore) -> MakeStore:
+        async def same() -> LeaseStore:
+            return store
+        return same
+
+    @pytest.fixture
+    async def second_store(self, make_second_store: MakeStore) -> LeaseStore:
+        return await make_second_store()
+
+    # -- creating and reading ---------------------------------------------------
+
+    async def test_an_empty_store_has_no_leases_and_no_heartbeats(self, store: LeaseStore) -> None:
+        assert await store.list_leases(CLUSTER) == {}
+        assert await store.get_lease(CLUSTER, 0) is None
+        assert await store.list_heartbeats(CLUSTER) == {}
+
+    async def test_a_created_lease_reads_back_from_get_and_list_with_its_version(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=3, owner="node-a", generation=7)
+        version = await store.create_lease(lease)
+        assert isinstance(version, str) and version
+
+        got = await store.get_lease(CLUSTER, 3)
+        assert got is not None
+        assert got.version == version
+        assert valid(got) == lease
+
+        listed = await store.list_leases(CLUSTER)
+        assert list(listed) == [3]
+        assert listed[3].version == version
+        assert valid(listed[3]) == lease
+
+    async def test_a_free_lease_without_owner_round_trips(self, store: LeaseStore) -> None:
+        lease = make_lease(shard=0, owner=None, generation=0)
+        await store.create_lease(lease)
+        assert valid(await store.get_lease(CLUSTER, 0)) == lease
+
+    async def test_several_shards_are_listed_each_under_its_own_number(
+            self, store: LeaseStore) -> None:
+        leases = {shard: make_lease(shard=shard, owner=f"node-{shard}") for shard in (0, 1, 2, 10)}
+        for lease in leases.values():
+            await store.create_lease(lease)
+        listed = await store.list_leases(CLUSTER)
+        assert sorted(listed) == [0, 1, 2, 10]
+        assert {shard: valid(s) for shard, s in listed.items()} == leases
+
+    async def test_a_second_client_sees_the_first_clients_writes(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        lease = make_lease(shard=1)
+        version = await store.create_lease(lease)
+        got = await second_store.get_lease(CLUSTER, 1)
+        assert got is not None and got.version == version and valid(got) == lease
+        newer = rewrite(lease, generation=2, owner="node-b")
+        new_version = await second_store.update_lease(newer, version)
+        got = await store.get_lease(CLUSTER, 1)
+        assert got is not None and got.version == new_version and valid(got) == newer
+
+    # -- compare-and-swap ---------------------------------------------------------
+
+    async def test_creating_a_lease_that_exists_is_a_conflict_and_changes_nothing(
+            self, store: LeaseStore) -> None:
+        first = make_lease(shard=0, owner="node-a")
+        version = await store.create_lease(first)
+        with pytest.raises(Conflict):
+            await store.create_lease(make_lease(shard=0, owner="node-b"))
+        got = await store.get_lease(CLUSTER, 0)
+        assert got is not None and got.version == version and valid(got) == first
+
+    async def test_updating_with_a_stale_version_is_a_conflict_and_changes_nothing(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=0)
+        stale = await store.create_lease(lease)
+        renewed = rewrite(lease)
+        current = await store.update_lease(renewed, stale)
+        with pytest.raises(Conflict):
+            await store.update_lease(rewrite(lease, owner="node-b", generation=2), stale)
+        got = await store.get_lease(CLUSTER, 0)
+        assert got is not None and got.version == current and valid(got) == renewed
+
+    async def test_updating_a_missing_lease_is_a_conflict_and_creates_nothing(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=5)
+        version = await store.create_lease(lease)
+        with pytest.raises(Conflict):
+            await store.update_lease(make_lease(shard=6), version)
+        assert await store.get_lease(CLUSTER, 6) is None
+        assert sorted(await store.list_leases(CLUSTER)) == [5]
+
+    async def test_every_write_gets_a_new_version_even_when_only_the_write_id_changes(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=0)
+        versions = [await store.create_lease(lease)]
+        for _ in range(5):
+            # Identical but for the write_id: a renewal of the same holder.
+            versions.append(await store.update_lease(rewrite(lease), versions[-1]))
+            got = await store.get_lease(CLUSTER, 0)
+            assert got is not None and got.version == versions[-1]
+        assert len(set(versions)) == len(versions), versions
+
+    async def test_a_conflict_is_a_store_error(self) -> None:
+        # The loop treats StoreError as transient; a lost swap must be one too.
+        assert issubclass(Conflict, StoreError)
+
+    # -- the safety rules -------------------------------------------------------------
+
+    async def test_freeing_a_lease_keeps_its_generation_and_its_record(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=2, owner="node-a", generation=4)
+        version = await store.create_lease(lease)
+        freed = rewrite(lease, owner=None)
+        await store.update_lease(freed, version)
+
+        got = valid(await store.get_lease(CLUSTER, 2))
+        assert got.owner is None
+        assert got.generation == 4
+        listed = await store.list_leases(CLUSTER)
+        assert 2 in listed and valid(listed[2]).generation == 4
+
+    async def test_nothing_in_the_interface_deletes_a_lease(self, store: LeaseStore) -> None:
+        def deleting(obj: object) -> list[str]:
+            return sorted(
+                name for name in dir(obj)
+                if not name.startswith("_")
+                and any(word in name for word in ("delete", "remove", "drop", "purge"))
+            )
+        assert deleting(LeaseStore) == ["delete_heartbeat"]
+        assert deleting(store) == ["delete_heartbeat"]
+
+    async def test_twenty_concurrent_creates_of_a_missing_lease_have_exactly_one_winner(
+            self, make_second_store: MakeStore) -> None:
+        clients = [await make_second_store() for _ in range(CLAIMERS)]
+        claims = [make_lease(shard=7, owner=f"node-{i}") for i in range(CLAIMERS)]
+        results = await asyncio.gather(
+            *(client.create_lease(claim) for client, claim in zip(clients, claims, strict=True)),
+            return_exceptions=True)
+
+        winners = [i for i, r in enumerate(results) if isinstance(r, str)]
+        others = [r for r in results if not isinstance(r, str | Conflict)]
+        assert others == [], f"losers must get Conflict, got {others!r}"
+        assert len(winners) == 1, results
+        got = await clients[0].get_lease(CLUSTER, 7)
+        assert got is not None and got.version == results[winners[0]]
+        assert valid(got) == claims[winners[0]]
+
+    async def test_twenty_concurrent_updates_from_one_version_have_exactly_one_winner(
+            self, store: LeaseStore, make_second_store: MakeStore) -> None:
+        lease = make_lease(shard=8, owner=None, generation=3)
+        version = await store.create_lease(lease)
+        clients = [await make_second_store() for _ in range(CLAIMERS)]
+        claims = [rewrite(lease, owner=f"node-{i}", generation=4) for i in range(CLAIMERS)]
+        results = await asyncio.gather(
+            *(client.update_lease(claim, version)
+              for client, claim in zip(clients, claims, strict=True)),
+            return_exceptions=True)
+
+        winners = [i for i, r in enumerate(results) if isinstance(r, str)]
+        others = [r for r in results if not isinstance(r, str | Conflict)]
+        assert others == [], f"losers must get Conflict, got {others!r}"
+        assert len(winners) == 1, results
+        got = await store.get_lease(CLUSTER, 8)
+        assert got is not None and got.version == results[winners[0]]
+        assert valid(got) == claims[winners[0]]
+
+    # -- write_lease and lost answers ---------------------------------------------------
+
+    async def test_write_lease_creates_when_there_is_no_version_and_swaps_otherwise(
+            self, store: LeaseStore) -> None:
+        lease = make_lease(shard=0)
+        version = await store.write_lease(lease, None)
+        renewed = rewrite(lease)
+        new = await store.write_lease(renewed, version)
+        got = await store.get_lease(CLUSTER, 0)
+        assert got is not None and got.version == new != version and valid(got) == renewed
+
+    async def test_write_lease_recognises_its_own_update_when_the_answer_was_lost(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        lease = make_lease(shard=1, generation=1)
+        version = await store.create_lease(lease)
+        lossy = LostAnswerStore(second_store, happen=True)
+        claim = rewrite(lease, owner="node-b", generation=2)
+
+        returned = await lossy.write_lease(claim, version)
+
+        got = await store.get_lease(CLUSTER, 1)
+        assert got is not None and valid(got) == claim
+        assert returned == got.version
+        assert not lossy.lose_next, "the simulated loss did not happen"
+
+    async def test_write_lease_recognises_its_own_create_when_the_answer_was_lost(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        lossy = LostAnswerStore(second_store, happen=True)
+        claim = make_lease(shard=2, owner="node-b")
+
+        returned = await lossy.write_lease(claim, None)
+
+        got = await store.get_lease(CLUSTER, 2)
+        assert got is not None and valid(got) == claim
+        assert returned == got.version
+
+    async def test_write_lease_does_not_claim_a_write_that_never_happened(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        lease = make_lease(shard=3)
+        version = await store.create_lease(lease)
+        lossy = LostAnswerStore(second_store, happen=False)
+        with pytest.raises(StoreError):
+            await lossy.write_lease(rewrite(lease, owner="node-b", generation=2), version)
+        got = await store.get_lease(CLUSTER, 3)
+        assert got is not None and got.version == version and valid(got) == lease
+
+    async def test_write_lease_still_raises_conflict_when_the_race_was_really_lost(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        lease = make_lease(shard=4, owner=None, generation=1)
+        version = await store.create_lease(lease)
+        theirs = rewrite(lease, owner="node-b", generation=2)
+        their_version = await second_store.write_lease(theirs, version)
+
+        with pytest.raises(Conflict):
+            await store.write_lease(rewrite(lease, owner="node-a", generation=2), version)
+        with pytest.raises(Conflict):
+            await store.write_lease(make_lease(shard=4, owner="node-a", generation=2), None)
+        got = await store.get_lease(CLUSTER, 4)
+        assert got is not None and got.version == their_version and valid(got) == theirs
+
+    # -- corrupt records ------------------------------------------------------------------
+
+    @staticmethod
+    def corrupt_records() -> dict[int, tuple[bytes, str]]:
+        """shard -> (planted bytes, a word the error message must contain)."""
+        oversize = encode(make_lease(shard=3))[:-1] + (
+            b', "padding": "' + b"x" * (MAX_RECORD_BYTES + 100) + b'"}')
+        return {
+            1: (b"\xff\xfe not json at all \x00", "invalid"),
+            2: (b'{"hello": "world", "shard": 2}', "invalid"),
+            3: (oversize, "bytes"),
+            # A valid lease of shard 4, stored as shard 5.
+            5: (encode(make_lease(shard=4)), "shard"),
+        }
+
+    async def plant_corrupt(self, store: LeaseStore, put_raw: PutRaw) -> Lease:
+        good = make_lease(shard=0)
+        await store.create_lease(good)
+        for shard, (data, _) in self.corrupt_records().items():
+            await put_raw(CLUSTER, shard, data)
+        return good
+
+    async def test_corrupt_leases_are_listed_with_an_error_beside_the_good_ones(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        good = await self.plant_corrupt(store, put_raw)
+        listed = await store.list_leases(CLUSTER)
+        assert sorted(listed) == [0, 1, 2, 3, 5]
+        assert valid(listed[0]) == good
+        for shard, (_, word) in self.corrupt_records().items():
+            entry = listed[shard]
+            assert entry.record is None, shard
+            assert entry.error and word in entry.error.lower(), (shard, entry.error)
+            assert entry.version, shard
+
+    async def test_a_corrupt_lease_is_returned_by_get_with_an_error(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        await self.plant_corrupt(store, put_raw)
+        for shard, (_, word) in self.corrupt_records().items():
+            entry = await store.get_lease(CLUSTER, shard)
+            assert entry is not None, shard
+            assert entry.record is None, shard
+            assert entry.error and word in entry.error.lower(), (shard, entry.error)
+
+    async def test_a_corrupt_lease_can_be_replaced_only_by_a_swap_on_its_version(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        await put_raw(CLUSTER, 1, b"garbage")
+        entry = await store.get_lease(CLUSTER, 1)
+        assert entry is not None and entry.record is None
+        with pytest.raises(Conflict):
+            await store.create_lease(make_lease(shard=1))
+        claim = make_lease(shard=1, owner="node-a", generation=1)
+        version = await store.update_lease(claim, entry.version)
+        got = await store.get_lease(CLUSTER, 1)
+        assert got is not None and got.version == version and valid(got) == claim
+
+    async def test_a_lease_stored_in_another_cluster_is_corrupt(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        await put_raw(CLUSTER, 0, encode(make_lease(shard=0, cluster=OTHER_CLUSTER)))
+        entry = (await store.list_leases(CLUSTER))[0]
+        assert entry.record is None and entry.error and "cluster" in entry.error
+
+    # -- heartbeats -------------------------------------------------------------------------
+
+    async def test_heartbeats_are_listed_by_node_and_each_put_changes_the_version(
+            self, store: LeaseStore) -> None:
+        await store.put_heartbeat(make_heartbeat("node-a", seq=0))
+        await store.put_heartbeat(make_heartbeat("node-b", seq=0))
+        first = await store.list_heartbeats(CLUSTER)
+        assert sorted(first) == ["node-a", "node-b"]
+        assert all(isinstance(v, str) and v for v in first.values())
+
+        seen = {first["node-a"]}
+        for seq in range(1, 4):
+            await store.put_heartbeat(make_heartbeat("node-a", seq=seq))
+            now = await store.list_heartbeats(CLUSTER)
+            assert now["node-a"] not in seen
+            seen.add(now["node-a"])
+            assert now["node-b"] == first["node-b"], "another node's heartbeat changed"
+
+    async def test_a_heartbeat_with_the_same_content_but_a_new_write_id_changes_the_version(
+            self, store: LeaseStore) -> None:
+        beat = make_heartbeat("node-a", seq=5)
+        await store.put_heartbeat(beat)
+        before = (await store.list_heartbeats(CLUSTER))["node-a"]
+        await store.put_heartbeat(beat.model_copy(update={"write_id": new_write_id()}))
+        assert (await store.list_heartbeats(CLUSTER))["node-a"] != before
+
+    async def test_a_deleted_heartbeat_is_no_longer_listed(self, store: LeaseStore) -> None:
+        await store.put_heartbeat(make_heartbeat("node-a"))
+        await store.put_heartbeat(make_heartbeat("node-b"))
+        await store.delete_heartbeat(CLUSTER, "node-a")
+        assert sorted(await store.list_heartbeats(CLUSTER)) == ["node-b"]
+
+    async def test_deleting_a_missing_heartbeat_is_fine(self, store: LeaseStore) -> None:
+        await store.delete_heartbeat(CLUSTER, "never-was")
+        await store.put_heartbeat(make_heartbeat("node-a"))
+        await store.delete_heartbeat(CLUSTER, "node-a")
+        await store.delete_heartbeat(CLUSTER, "node-a")
+        assert await store.list_heartbeats(CLUSTER) == {}
+
+    async def test_a_second_client_sees_heartbeats_and_their_deletion(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        await store.put_heartbeat(make_heartbeat("node-a"))
+        assert sorted(await second_store.list_heartbeats(CLUSTER)) == ["node-a"]
+        await second_store.delete_heartbeat(CLUSTER, "node-a")
+        assert await store.list_heartbeats(CLUSTER) == {}
+
+    async def test_clusters_do_not_see_each_others_leases_or_heartbeats(
+            self, store: LeaseStore) -> None:
+        ours = make_lease(shard=0, cluster=CLUSTER, owner="node-a")
+        theirs = make_lease(shard=0, cluster=OTHER_CLUSTER, owner="node-z")
+        await store.create_lease(ours)
+        await store.create_lease(theirs)  # same shard, other cluster: no conflict
+        await store.create_lease(make_lease(shard=1, cluster=OTHER_CLUSTER))
+        await store.put_heartbeat(make_heartbeat("node-a", cluster=CLUSTER))
+        await store.put_heartbeat(make_heartbeat("node-z", cluster=OTHER_CLUSTER))
+
+        listed = await store.list_leases(CLUSTER)
+        assert sorted(listed) == [0] and valid(listed[0]) == ours
+        assert valid(await store.get_lease(OTHER_CLUSTER, 0)) == theirs
+        assert await store.get_lease(CLUSTER, 1) is None
+        assert sorted(await store.list_heartbeats(CLUSTER)) == ["node-a"]
+        assert sorted(await store.list_heartbeats(OTHER_CLUSTER)) == ["node-z"]
+
+        await store.delete_heartbeat(OTHER_CLUSTER, "node-a")  # not theirs: no effect
+        assert sorted(await store.list_heartbeats(CLUSTER)) == ["node-a"]
+
+    # -- accounting ---------------------------------------------------------------------------
+
+    async def test_request_counts_grow_with_every_kind_of_call(self, store: LeaseStore) -> None:
+        def total() -> int:
+            return sum(store.requests.values())
+
+        before = total()
+        await store.list_leases(CLUSTER)
+        assert store.requests["list"] >= 1
+        after_list = total()
+        assert after_list > before
+
+        version = await store.create_lease(make_lease(shard=0))
+        await store.update_lease(rewrite(make_lease(shard=0)), version)
+        assert store.requests["put"] >= 2
+        after_put = total()
+        assert after_put > after_list
+
+        await store.get_lease(CLUSTER, 0)
+        assert store.requests["get"] >= 1
+        after_get = total()
+        assert after_get > after_put
+
+        await store.put_heartbeat(make_heartbeat())
+        await store.list_heartbeats(CLUSTER)
+        after_heartbeats = total()
+        assert after_heartbeats > after_get
+
+        await store.delete_heartbeat(CLUSTER, "node-a")
+        assert store.requests["delete"] >= 1
+        assert total() > after_heartbeats
+
+    async def test_the_store_describes_itself_without_secrets(self, store: LeaseStore) -> None:
+        description = store.describe()
+        assert isinstance(description, str) and "://" in description
+        for secret in ("secret", "password", "token"):
+            assert secret not in description.lower()
