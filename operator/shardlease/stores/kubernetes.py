@@ -126,6 +126,25 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lea
         return Stored(version, None, f"Lease {meta.get('name')!r} is not a valid lease: {msg}")
 
 
+async def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A kubernetes_asyncio ApiClient: in-cluster config inside a pod (unless a
+    kubeconfig or context is named), else KUBECONFIG / ~/.kube/config."""
+    from kubernetes_asyncio import config
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    conf = Configuration()
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig and not context:
+            config.load_incluster_config(client_configuration=conf)
+        else:
+            await config.load_kube_config(config_file=kubeconfig, context=context,
+                                          client_configuration=conf)
+    except Exception as e:
+        raise StoreError(
+            f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from None
+    return ApiClient(configuration=conf)
+
+
 class KubernetesStore(LeaseStore):
     def __init__(self, namespace: str, *, context: str | None = None,
                  kubeconfig: str | None = None, timeout: float = 10.0) -> None:
@@ -160,23 +179,7 @@ class KubernetesStore(LeaseStore):
     async def _client(self) -> Any:
         async with self._lock:
             if self._api is None:
-                from kubernetes_asyncio import config
-                from kubernetes_asyncio.client import ApiClient, Configuration
-
-                conf = Configuration()
-                try:
-                    if os.environ.get("KUBERNETES_SERVICE_HOST") and not self.kubeconfig \
-                            and not self.context:
-                        config.load_incluster_config(client_configuration=conf)
-                    else:
-                        await config.load_kube_config(
-                            config_file=self.kubeconfig, context=self.context,
-                            client_configuration=conf)
-                except Exception as e:
-                    raise StoreError(
-                        f"kubernetes store: no usable cluster configuration (in-cluster or "
-                        f"KUBECONFIG): {e}") from None
-                self._api = ApiClient(configuration=conf)
+                self._api = await api_client(self.kubeconfig, self.context)
             return self._api
 
     async def aclose(self) -> None:

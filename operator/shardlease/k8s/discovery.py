@@ -1,0 +1,53 @@
+"""Peer discovery: the Running and Ready pods of one StatefulSet.
+
+Only names seen here are routed to (lease data never adds a routing target).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    ip: str | None
+    ready: bool
+
+
+def matches(labels: dict[str, str] | None, selector: dict[str, str]) -> bool:
+    labels = labels or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_ready(body: dict[str, Any]) -> bool:
+    status = body.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+class Peers:
+    def __init__(self, selector: dict[str, str] | None = None) -> None:
+        self.selector = dict(selector or {})
+        self.pods: dict[str, Pod] = {}
+
+    def observe(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """Feed a watch event (ADDED/MODIFIED/DELETED, or None for a listing)."""
+        meta = body.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        if event_type == "DELETED" or not matches(meta.get("labels"), self.selector):
+            self.pods.pop(name, None)
+            return
+        self.pods[name] = Pod(name, (body.get("status") or {}).get("podIP"), pod_ready(body))
+
+    def names(self) -> set[str]:
+        return {p.name for p in self.pods.values() if p.ready}
+
+    def address(self, name: str) -> str | None:
+        pod = self.pods.get(name)
+        return pod.ip if pod is not None and pod.ready else None

@@ -1,0 +1,92 @@
+"""The ShardSet status: who owns what, as one pod sees it.
+
+One writer publishes: the pod that holds shard 0. It publishes only when the
+content changed, and never more than once per interval, so a thousand-shard
+set costs the API server one write per change, not one per pod per round.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from shardlease.loop import Owner
+
+PUBLISHED = ("Balanced", "Degraded")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int,
+                 observed_generation: int | None, publisher: str) -> dict[str, Any]:
+    """The status fields (without transition times) for the owners read last."""
+    owned = {o.shard: o for o in owners if o.owner is not None and 0 <= o.shard < shards}
+    live = sorted(set(live_nodes))
+    share = math.ceil(shards / len(live)) if live else shards
+    per_node = Counter(o.owner for o in owned.values())
+    unowned = shards - len(owned)
+    over = {n: c for n, c in per_node.items() if c > share}
+    strangers = sorted(set(per_node) - set(live))
+    if unowned:
+        balanced = ("False", "UnownedShards", f"{unowned} of {shards} shard(s) have no owner")
+    elif over:
+        balanced = ("False", "OverShare", "above the fair share of "
+                    f"{share}: " + ", ".join(f"{n} holds {c}" for n, c in sorted(over.items())))
+    elif strangers:
+        balanced = ("False", "OwnersNotLive", "owners not seen live: " + ", ".join(strangers))
+    else:
+        balanced = ("True", "FairShares",
+                    f"{shards} shard(s) across {len(live)} live pod(s), at most {share} each")
+    degraded = ("True", "UnownedShards", balanced[2]) if unowned else (
+        "False", "AllShardsOwned", f"all {shards} shard(s) have an owner")
+    status: dict[str, Any] = {
+        "owners": {str(s): o.owner for s, o in sorted(owned.items())},
+        "generations": {str(s): o.generation for s, o in sorted(owned.items())},
+        "ownedShards": len(owned),
+        "liveNodes": len(live),
+        "nodes": live,
+        "publishedBy": publisher,
+        "conditions": [
+            {"type": "Balanced", "status": balanced[0], "reason": balanced[1],
+             "message": balanced[2]},
+            {"type": "Degraded", "status": degraded[0], "reason": degraded[1],
+             "message": degraded[2]},
+        ],
+    }
+    if observed_generation is not None:
+        status["observedGeneration"] = observed_generation
+    return status
+
+
+def merge_conditions(new: list[dict[str, Any]], old: list[dict[str, Any]] | None,
+                     generation: int | None) -> list[dict[str, Any]]:
+    """Conditions in the Kubernetes convention: lastTransitionTime moves only
+    when the status flips; conditions of other writers are kept."""
+    old = old or []
+    by_type = {c.get("type"): c for c in old}
+    out = []
+    for cond in new:
+        prev = by_type.get(cond["type"])
+        cond = dict(cond)
+        same = prev is not None and prev.get("status") == cond["status"]
+        cond["lastTransitionTime"] = prev.get("lastTransitionTime") if same and prev \
+            else now_iso()
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    types = {c["type"] for c in new}
+    out.extend(c for c in old if c.get("type") not in types)
+    return out
+
+
+def comparable(status: dict[str, Any]) -> dict[str, Any]:
+    """A status without the fields that change on every write."""
+    out = dict(status)
+    out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                         for c in status.get("conditions") or []]
+    return out
