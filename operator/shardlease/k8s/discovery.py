@@ -14,6 +14,7 @@ class Pod:
     name: str
     ip: str | None
     ready: bool
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def matches(labels: dict[str, str] | None, selector: dict[str, str]) -> bool:
@@ -30,6 +31,9 @@ def pod_ready(body: dict[str, Any]) -> bool:
 
 
 class Peers:
+    """Every pod of the namespace seen by the watch; the selector (which may
+    change with the ShardSet) picks the peers at query time."""
+
     def __init__(self, selector: dict[str, str] | None = None) -> None:
         self.selector = dict(selector or {})
         self.pods: dict[str, Pod] = {}
@@ -40,14 +44,19 @@ class Peers:
         name = meta.get("name")
         if not name:
             return
-        if event_type == "DELETED" or not matches(meta.get("labels"), self.selector):
+        if event_type == "DELETED":
             self.pods.pop(name, None)
             return
-        self.pods[name] = Pod(name, (body.get("status") or {}).get("podIP"), pod_ready(body))
+        labels = tuple(sorted((meta.get("labels") or {}).items()))
+        self.pods[name] = Pod(name, (body.get("status") or {}).get("podIP"), pod_ready(body),
+                              labels)
+
+    def _peer(self, pod: Pod | None) -> bool:
+        return pod is not None and pod.ready and matches(dict(pod.labels), self.selector)
 
     def names(self) -> set[str]:
-        return {p.name for p in self.pods.values() if p.ready}
+        return {p.name for p in self.pods.values() if self._peer(p)}
 
     def address(self, name: str) -> str | None:
         pod = self.pods.get(name)
-        return pod.ip if pod is not None and pod.ready else None
+        return pod.ip if pod is not None and self._peer(pod) else None

@@ -1,0 +1,392 @@
+"""The per-pod controller (`shardlease agent`), on kopf.
+
+kopf watches this pod's ShardSet and the pods of the namespace (peer
+discovery) with stateless event handlers, so nothing is written onto any
+object to remember progress. The placement loop runs beside kopf in a task
+the agent supervises: a spec change restarts it gracefully, a store that is
+unreachable at start is retried with a Warning Event, never a silent crash.
+
+SIGTERM (kopf's cleanup) or `/drain` (the application container's preStop
+hook, injected by the operator) closes every shard and frees every lease
+before the pod goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from typing import Any
+
+import kopf
+from aiohttp import web
+from pydantic import ValidationError
+
+from shardlease.errors import ShardleaseError
+from shardlease.hosts.http import HttpHost
+from shardlease.k8s.discovery import Peers
+from shardlease.k8s.spec import ShardSetSpec
+from shardlease.k8s.status import build_status, comparable, merge_conditions
+from shardlease.loop import PlacementLoop
+from shardlease.routing import shard_for_key
+from shardlease.stores import open_store
+from shardlease.stores.kubernetes import api_client
+from shardlease.telemetry import (
+    Claim,
+    Event,
+    Lost,
+    PrometheusMetrics,
+    Release,
+    RenewFailed,
+    Round,
+    SelfFence,
+    Telemetry,
+    log_events,
+)
+
+logger = logging.getLogger("shardlease.agent")
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+RETRY_FIRST, RETRY_MAX = 2.0, 60.0
+
+
+class Agent:
+    def __init__(self, *, namespace: str, shardset: str, pod_name: str, port: int = 8470,
+                 host_url: str | None = None, kubeconfig: str | None = None) -> None:
+        self.namespace = namespace
+        self.shardset = shardset
+        self.pod_name = pod_name
+        self.port = port
+        self.host_url = host_url
+        self.kubeconfig = kubeconfig
+        self.peers = Peers()
+        self.body: dict[str, Any] | None = None
+        self.spec: ShardSetSpec | None = None
+        self.loop: PlacementLoop | None = None
+        self.telemetry = Telemetry()
+        self.telemetry.subscribe(log_events)
+        self.telemetry.subscribe(PrometheusMetrics())
+        self.telemetry.subscribe(self._collect_event)
+        self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._pending_events: list[Event] = []
+        self._published: dict[str, Any] | None = None
+        self._last_publish = 0.0
+        self._api: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._web: web.AppRunner | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self.registry = kopf.OperatorRegistry()
+        self._register()
+
+    # -- kopf ------------------------------------------------------------------
+
+    def _register(self) -> None:
+        reg = self.registry
+
+        @kopf.on.startup(registry=reg)
+        async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.scanning.disabled = True
+            settings.posting.enabled = False  # we post aggregated Events ourselves
+            settings.watching.server_timeout = 300
+            await self.start()
+
+        @kopf.on.cleanup(registry=reg)
+        async def cleanup(**_: Any) -> None:
+            await self.shutdown()
+            await self.close()
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=reg,
+                       when=lambda name, **_: name == self.shardset)
+        def shardset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            self.on_shardset(type, dict(body))
+
+        @kopf.on.event("", "v1", "pods", registry=reg)
+        def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            self.peers.observe(type, dict(body))
+
+    async def run(self) -> None:
+        """Run kopf (which calls start/shutdown) until SIGTERM."""
+        await kopf.operator(registry=self.registry, standalone=True, clusterwide=False,
+                            namespaces=[self.namespace])
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._api = await api_client(self.kubeconfig)
+        await self._serve()
+        self._supervisor = self._spawn(self._supervise(), "supervisor")
+        self._spawn(self._publish_status(), "status")
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=f"shardlease-agent-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def shutdown(self) -> None:
+        """Close every shard and free every lease; idempotent."""
+        self._stopping.set()
+        self._changed.set()
+        await self._stopped.wait()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._web is not None:
+            await self._web.cleanup()
+        if self._api is not None:
+            await self._api.close()
+
+    def on_shardset(self, event_type: str | None, body: dict[str, Any]) -> None:
+        if event_type == "DELETED":
+            logger.warning("ShardSet %s was deleted: releasing every shard", self.shardset)
+            self.body, self.spec = None, None
+            self._changed.set()
+            return
+        self.body = body
+        try:
+            spec = ShardSetSpec.model_validate(body.get("spec") or {})
+        except ValidationError as e:
+            logger.error("ShardSet %s has an invalid spec, keeping the last good one: %s",
+                         self.shardset, e)
+            return
+        if spec != self.spec:
+            self.spec = spec
+            self.peers.selector = dict(spec.selector)
+            self._changed.set()
+
+    async def _supervise(self) -> None:
+        delay = RETRY_FIRST
+        try:
+            while not self._stopping.is_set():
+                spec = self.spec
+                if spec is None:
+                    self._changed.clear()
+                    await self._changed.wait()
+                    continue
+                try:
+                    await self._run_loop(spec)
+                    delay = RETRY_FIRST
+                except (ShardleaseError, ValidationError) as e:
+                    msg = f"cannot run the placement loop: {e}"
+                    logger.error("%s (retrying in %.0fs)", msg, delay)
+                    await self._post("Warning", "LoopFailed", msg)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), delay)
+                    delay = min(delay * 2, RETRY_MAX)
+        finally:
+            self._stopped.set()
+
+    async def _run_loop(self, spec: ShardSetSpec) -> None:
+        self._changed.clear()
+        options = spec.options(name=self.pod_name, cluster=self.shardset)
+        store = open_store(spec.store)
+        host = HttpHost(self.host_url or spec.host.url)
+        try:
+            await store.check()
+            loop = PlacementLoop(store, host, options, peers=self.peers.names,
+                                 telemetry=self.telemetry)
+            self.loop = loop
+            task = asyncio.create_task(loop.run(), name="shardlease-loop")
+            changed = asyncio.create_task(self._changed.wait())
+            try:
+                await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+            if not task.done():
+                why = "stopping" if self._stopping.is_set() else "the ShardSet changed"
+                logger.info("%s: closing every shard and freeing its lease", why)
+                await loop.stop()
+            await task  # re-raises a crash of the loop (RunnerDied, ...)
+        finally:
+            await store.aclose()
+            await host.aclose()
+
+    # -- status ----------------------------------------------------------------
+
+    async def _publish_status(self) -> None:
+        while True:
+            loop, spec = self.loop, self.spec
+            interval = loop.options.interval_s if loop else 5.0
+            await asyncio.sleep(interval)
+            if loop is None or spec is None or not loop.ready.is_set() or 0 not in loop.held:
+                continue
+            try:
+                await self.publish_once(loop, spec)
+            except Exception as e:  # never let publishing kill the agent
+                logger.warning("could not publish the ShardSet status: %s", e)
+
+    async def publish_once(self, loop: PlacementLoop, spec: ShardSetSpec) -> bool:
+        body = self.body or {}
+        meta = body.get("metadata") or {}
+        status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
+                              meta.get("generation"), self.pod_name)
+        if self._published is not None and comparable(status) == comparable(self._published):
+            return False
+        status["conditions"] = merge_conditions(
+            status["conditions"], (body.get("status") or {}).get("conditions"),
+            meta.get("generation"))
+        patch = [{"op": "test", "path": "/metadata/resourceVersion",
+                  "value": meta.get("resourceVersion")},
+                 {"op": "add", "path": "/status", "value": status}]
+        path = (f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/"
+                f"{self.shardset}/status")
+        await self._api.call_api(
+            path, "PATCH", header_params={"Content-Type": "application/json-patch+json",
+                                          "Accept": "application/json"},
+            body=patch, auth_settings=["BearerToken"], response_types_map={},
+            _request_timeout=10)
+        self._published = status
+        return True
+
+    # -- Kubernetes Events -------------------------------------------------------
+
+    def _collect_event(self, event: Event) -> None:
+        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed):
+            self._pending_events.append(event)
+        elif isinstance(event, Round) and self._pending_events:
+            pending, self._pending_events = self._pending_events, []
+            self._spawn(self._post_batch(pending), "events")
+
+    async def _post_batch(self, events: list[Event]) -> None:
+        """One Event per kind per round: a rebalance of 500 shards is one line."""
+        claims = sorted(e.shard for e in events if isinstance(e, Claim))
+        releases = sorted(e.shard for e in events if isinstance(e, Release))
+        lost = sorted(e.shard for e in events if isinstance(e, Lost))
+        fenced = sorted(s for e in events if isinstance(e, SelfFence) for s in e.shards)
+        failed = [e for e in events if isinstance(e, RenewFailed)]
+        me = self.pod_name
+        if claims:
+            await self._post("Normal", "Claimed", f"{me} claimed shard(s) {_ranges(claims)}")
+        if releases:
+            await self._post("Normal", "Released", f"{me} released shard(s) {_ranges(releases)}")
+        if lost:
+            await self._post("Warning", "Lost", f"{me} lost shard(s) {_ranges(lost)}")
+        if fenced:
+            await self._post("Warning", "SelfFenced",
+                             f"{me} closed shard(s) {_ranges(fenced)} at their deadline")
+        if failed:
+            await self._post("Warning", "RenewFailed", f"{me}: {failed[-1].error}")
+
+    async def _post(self, type_: str, reason: str, message: str) -> None:
+        body = self.body
+        if body is None or self._api is None:
+            return
+        meta = body.get("metadata") or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{self.shardset}.{uuid.uuid4().hex[:12]}",
+                         "namespace": self.namespace},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+                               "name": self.shardset, "namespace": self.namespace,
+                               "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": "shardlease-agent", "host": self.pod_name},
+            "reportingComponent": "shardlease.io/agent", "reportingInstance": self.pod_name,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self._api.call_api(
+                f"/api/v1/namespaces/{self.namespace}/events", "POST",
+                header_params={"Content-Type": "application/json",
+                               "Accept": "application/json"},
+                body=event, auth_settings=["BearerToken"], response_types_map={},
+                _request_timeout=10)
+        except Exception as e:
+            logger.warning("could not post the %s event: %s", reason, e)
+
+    # -- HTTP: health, metrics, lookup, drain -------------------------------------
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.add_routes([
+            web.get("/healthz", self._healthz),
+            web.get("/readyz", self._readyz),
+            web.get("/metrics", self._metrics),
+            web.get("/lookup", self._lookup),
+            web.get("/owners", self._owners),
+            web.get("/drain", self._drain),
+            web.post("/drain", self._drain),
+        ])
+        self._web = web.AppRunner(app, access_log=None)
+        await self._web.setup()
+        await web.TCPSite(self._web, "0.0.0.0", self.port).start()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        sup = self._supervisor
+        alive = sup is not None and (not sup.done() or self._stopped.is_set())
+        return web.Response(status=200 if alive else 500, text="ok\n" if alive else "dead\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ready = self.loop is not None and self.loop.ready.is_set() \
+            and not self._stopping.is_set()
+        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "no\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return web.Response(body=generate_latest(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _owner_json(self, shard: int) -> dict[str, Any]:
+        loop = self.loop
+        owners = {o.shard: o for o in loop.owners()} if loop else {}
+        found = owners.get(shard)
+        owner = loop.lookup(shard) if loop else None
+        address = None
+        if owner is not None:
+            address = self.peers.address(owner)
+        return {"shard": shard, "owner": owner, "address": address,
+                "generation": found.generation if found and owner else None}
+
+    async def _lookup(self, request: web.Request) -> web.Response:
+        spec = self.spec
+        if spec is None or self.loop is None:
+            return web.json_response({"error": "not ready"}, status=503)
+        q = request.query
+        try:
+            if "key" in q:
+                shard = shard_for_key(q["key"], spec.shards)
+            elif "shard" in q:
+                shard = int(q["shard"])
+            else:
+                raise ValueError("give ?shard=N or ?key=K")
+            if not 0 <= shard < spec.shards:
+                raise ValueError(f"shard must be in 0..{spec.shards - 1}")
+        except ValueError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response(self._owner_json(shard))
+
+    async def _owners(self, _: web.Request) -> web.Response:
+        spec = self.spec
+        if spec is None or self.loop is None:
+            return web.json_response({"error": "not ready"}, status=503)
+        return web.json_response({"shards": [self._owner_json(s) for s in range(spec.shards)]})
+
+    async def _drain(self, _: web.Request) -> web.Response:
+        await self.shutdown()
+        return web.Response(text="drained\n")
+
+
+def _ranges(shards: list[int]) -> str:
+    """[1,2,3,7] -> '1-3,7'."""
+    out: list[str] = []
+    start = prev = None
+    for s in shards:
+        if start is None:
+            start = prev = s
+        elif s == prev + 1:  # type: ignore[operator]
+            prev = s
+        else:
+            out.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = s
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(out)
+

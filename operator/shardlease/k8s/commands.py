@@ -1,0 +1,91 @@
+"""`shardlease agent` and `shardlease operator`: argument parsing and start-up."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from shardlease.errors import ConfigError
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    agent = sub.add_parser(
+        "agent", help="the per-pod controller (runs as a sidecar or beside the app)",
+        description="Run the placement loop for one pod of a ShardSet's StatefulSet.")
+    agent.add_argument("--shardset", required=True, help="ShardSet name (the StatefulSet's)")
+    agent.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
+                       help="namespace (default $POD_NAMESPACE)")
+    agent.add_argument("--name", default=os.environ.get("POD_NAME"),
+                       help="this pod's name (default $POD_NAME)")
+    agent.add_argument("--port", type=int, default=8470,
+                       help="HTTP port for /healthz, /readyz, /metrics, /lookup, /drain")
+    agent.add_argument("--host-url", help="override the ShardSet's host URL")
+    agent.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
+    agent.set_defaults(func=run_agent)
+
+    op = sub.add_parser(
+        "operator", help="the cluster operator (opt-in by annotation, sidecar injection)",
+        description="Create ShardSets for annotated StatefulSets and inject the agent.")
+    op.add_argument("--namespace", action="append", dest="namespaces", default=[],
+                    help="watch only this namespace (repeatable; default: all)")
+    op.add_argument("--agent-image", default=os.environ.get("SHARDLEASE_AGENT_IMAGE"),
+                    help="image of the injected agent (default $SHARDLEASE_AGENT_IMAGE)")
+    op.add_argument("--webhook-port", type=int, default=9443)
+    op.add_argument("--webhook-addr", default="0.0.0.0")
+    op.add_argument("--webhook-cert-dir", default=os.environ.get("SHARDLEASE_WEBHOOK_CERT_DIR"),
+                    help="directory with tls.crt and tls.key (no webhook without it)")
+    op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                    help="kopf's liveness endpoint URL ('' to disable)")
+    op.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
+    op.set_defaults(func=run_operator)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from shardlease.k8s.agent import Agent
+
+    if not args.namespace or not args.name:
+        raise ConfigError("the agent needs --namespace and --name "
+                          "(or POD_NAMESPACE and POD_NAME from the downward API)")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    agent = Agent(namespace=args.namespace, shardset=args.shardset, pod_name=args.name,
+                  port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig)
+    asyncio.run(agent.run())
+    return 0
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from shardlease.k8s.operator import Operator
+
+    if not args.agent_image:
+        raise ConfigError("the operator needs --agent-image (or SHARDLEASE_AGENT_IMAGE): "
+                          "the image of the sidecar it injects")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    webhook = None
+    if args.webhook_cert_dir:
+        cert, key = Path(args.webhook_cert_dir, "tls.crt"), Path(args.webhook_cert_dir, "tls.key")
+        for f in (cert, key):
+            if not f.is_file():
+                raise ConfigError(f"webhook certificate file {f} does not exist")
+        webhook = kopf.WebhookServer(addr=args.webhook_addr, port=args.webhook_port,
+                                     certfile=str(cert), pkeyfile=str(key))
+    else:
+        logging.getLogger("shardlease").warning(
+            "no --webhook-cert-dir: the sidecar injection webhook is not served")
+    op = Operator(agent_image=args.agent_image, webhook=webhook, kubeconfig=args.kubeconfig,
+                  namespaces=args.namespaces)
+    liveness = args.liveness or None
+
+    async def main() -> None:
+        await kopf.operator(registry=op.registry, standalone=True,
+                            clusterwide=not op.namespaces, namespaces=op.namespaces,
+                            liveness_endpoint=liveness)
+
+    asyncio.run(main())
+    return 0

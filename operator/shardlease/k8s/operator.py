@@ -1,0 +1,286 @@
+"""The cluster operator (`shardlease operator`), on kopf.
+
+Level-based and stateless: every event of a StatefulSet reconciles the
+ShardSet its annotations ask for (create, update, or delete it). Only kopf's
+event handlers and a mutating webhook are used, so kopf writes no state
+annotations onto users' objects, and it runs standalone (kopf's peering cannot
+fence a second operator, and one reconciler per object is all this needs).
+
+- opted in (`shardlease.io/shards`): a ShardSet of the same name, owned by the
+  StatefulSet (garbage-collected with it), and a RoleBinding granting the
+  pods' ServiceAccount the `shardlease-agent` ClusterRole in that namespace;
+- a malformed annotation: a Warning Event on the StatefulSet and the
+  ShardSet's `Configured` condition set to False (the last good spec stays);
+- annotation removed: the ShardSet and the RoleBinding are deleted;
+- pods of opted-in StatefulSets get the agent sidecar (webhook, fails open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from shardlease.errors import ConfigError
+from shardlease.k8s.inject import inject, owner_statefulset
+from shardlease.k8s.spec import inject_wanted, spec_from_annotations
+from shardlease.k8s.status import merge_conditions
+from shardlease.stores.kubernetes import api_client
+
+logger = logging.getLogger("shardlease.operator")
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+AGENT_ROLE = "shardlease-agent"
+MANAGED = {"app.kubernetes.io/managed-by": "shardlease"}
+
+
+class Operator:
+    def __init__(self, *, agent_image: str, webhook: kopf.WebhookServer | None = None,
+                 kubeconfig: str | None = None, namespaces: list[str] | None = None) -> None:
+        self.agent_image = agent_image
+        self.webhook = webhook
+        self.kubeconfig = kubeconfig
+        self.namespaces = namespaces or []
+        #: (namespace, statefulset) -> inject the sidecar? (opted in, valid, not inject=false)
+        self.injectable: dict[tuple[str, str], bool] = {}
+        #: (namespace, statefulset) -> the last body seen, to recreate a deleted ShardSet.
+        self.statefulsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.applied: dict[tuple[str, str], Any] = {}
+        self._api: Any = None
+        self._lock = asyncio.Lock()
+        self.registry = kopf.OperatorRegistry()
+        self._register()
+
+    async def api(self) -> Any:
+        async with self._lock:
+            if self._api is None:
+                self._api = await api_client(self.kubeconfig)
+            return self._api
+
+    async def run(self) -> None:
+        await kopf.operator(registry=self.registry, standalone=True,
+                            clusterwide=not self.namespaces, namespaces=self.namespaces)
+
+    def _register(self) -> None:
+        reg = self.registry
+
+        @kopf.on.startup(registry=reg)
+        async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.scanning.disabled = True
+            settings.watching.server_timeout = 300
+            if self.webhook is not None:
+                settings.admission.server = self.webhook
+
+        @kopf.on.cleanup(registry=reg)
+        async def cleanup(**_: Any) -> None:
+            if self._api is not None:
+                await self._api.close()
+
+        @kopf.on.event("apps", "v1", "statefulsets", registry=reg)
+        async def statefulset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            await self.on_statefulset(type, dict(body))
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=reg)
+        async def shardset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            if type == "DELETED":
+                meta = body.get("metadata") or {}
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                self.applied.pop(key, None)
+                sts = self.statefulsets.get(key)
+                if sts is not None:
+                    logger.info("ShardSet %s/%s was deleted while opted in: recreating", *key)
+                    await self.reconcile(sts)
+
+        @kopf.on.mutate("", "v1", "pods", operation="CREATE", id="inject-agent", registry=reg)
+        def inject_agent(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            pod = dict(body)
+            sts = owner_statefulset(pod)
+            namespace = (pod.get("metadata") or {}).get("namespace")
+            if sts is None or not namespace or not self.injectable.get((namespace, sts)):
+                return
+            injected = inject(pod, self.agent_image, sts)
+            if injected != pod:
+                patch.fns.append(lambda b: _replace(b, injected))
+
+    # -- reconciliation -----------------------------------------------------------
+
+    async def on_statefulset(self, event_type: str | None, sts: dict[str, Any]) -> None:
+        meta = sts.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            # The ShardSet and RoleBinding are owned by it: the garbage
+            # collector removes them.
+            self.statefulsets.pop(key, None)
+            self.injectable.pop(key, None)
+            self.applied.pop(key, None)
+            return
+        await self.reconcile(sts)
+
+    async def reconcile(self, sts: dict[str, Any]) -> None:
+        meta = sts.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        key = (ns, name)
+        try:
+            spec = spec_from_annotations(sts)
+        except ConfigError as e:
+            self.statefulsets[key] = sts
+            if self.applied.get(key) == ("invalid", str(e)):
+                return
+            logger.warning("StatefulSet %s/%s: %s", ns, name, e)
+            kopf.warn(sts, reason="InvalidAnnotation", message=str(e))
+            await self._set_condition(ns, name, "False", "InvalidAnnotation", str(e))
+            self.applied[key] = ("invalid", str(e))
+            return
+        if spec is None:
+            self.statefulsets.pop(key, None)
+            self.injectable.pop(key, None)
+            if key in self.applied or await self._owned_shardset(ns, name, meta.get("uid")):
+                await self._remove(ns, name, meta.get("uid"))
+                self.applied.pop(key, None)
+            return
+        self.statefulsets[key] = sts
+        self.injectable[key] = inject_wanted(sts)
+        template = ((sts.get("spec") or {}).get("template") or {}).get("spec") or {}
+        account = template.get("serviceAccountName") or "default"
+        desired = (spec.to_body(), account, meta.get("uid"))
+        if self.applied.get(key) == desired:
+            return
+        await self._apply_shardset(sts, spec.to_body())
+        await self._apply_rolebinding(sts, account)
+        await self._set_condition(ns, name, "True", "AnnotationsValid",
+                                  "the StatefulSet's shardlease.io annotations are valid")
+        self.applied[key] = desired
+        kopf.info(sts, reason="ShardSetApplied",
+                  message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
+
+    def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
+        meta = sts["metadata"]
+        return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": meta["name"],
+                "uid": meta["uid"], "blockOwnerDeletion": True, "controller": True}
+
+    async def _call(self, method: str, path: str, body: Any = None,
+                    content_type: str = "application/json",
+                    allow: tuple[int, ...] = (404, 409)) -> tuple[int, dict[str, Any]]:
+        """One API call; statuses in `allow` are returned, other failures
+        become kopf.TemporaryError (kopf logs them and the next event retries)."""
+        import json
+
+        api = await self.api()
+        resp = await api.call_api(
+            path, method, header_params={"Content-Type": content_type,
+                                         "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"], _preload_content=False,
+            _request_timeout=15)
+        if isinstance(resp, tuple):
+            resp = resp[0]
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        payload = json.loads(data) if data else {}
+        if resp.status >= 400 and resp.status not in allow:
+            raise kopf.TemporaryError(
+                f"{method} {path}: {resp.status} {payload.get('message', '')}", delay=10)
+        return resp.status, payload
+
+    def _shardset_path(self, ns: str, name: str | None = None) -> str:
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}"
+        return base if name is None else f"{base}/{name}"
+
+    async def _owned_shardset(self, ns: str, name: str, uid: str | None) -> bool:
+        status, body = await self._call("GET", self._shardset_path(ns, name))
+        if status != 200:
+            return False
+        refs = (body.get("metadata") or {}).get("ownerReferences") or []
+        return any(r.get("uid") == uid for r in refs)
+
+    async def _apply_shardset(self, sts: dict[str, Any], spec: dict[str, Any]) -> None:
+        meta = sts["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        for _ in range(5):
+            status, current = await self._call("GET", self._shardset_path(ns, name))
+            if status == 404:
+                body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+                        "metadata": {"name": name, "namespace": ns, "labels": MANAGED,
+                                     "ownerReferences": [self._owner_ref(sts)]},
+                        "spec": spec}
+                status, _ = await self._call("POST", self._shardset_path(ns), body)
+                if status != 409:
+                    logger.info("created ShardSet %s/%s", ns, name)
+                    return
+                continue
+            if current.get("spec") == spec:
+                return
+            current["spec"] = spec
+            status, _ = await self._call("PUT", self._shardset_path(ns, name), current)
+            if status != 409:
+                logger.info("updated ShardSet %s/%s", ns, name)
+                return
+        raise kopf.TemporaryError(f"ShardSet {ns}/{name} kept changing", delay=5)
+
+    async def _apply_rolebinding(self, sts: dict[str, Any], account: str) -> None:
+        meta = sts["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        rb_name = f"shardlease-agent-{name}"
+        path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"
+        body = {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": rb_name, "namespace": ns, "labels": MANAGED,
+                         "ownerReferences": [self._owner_ref(sts)]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": AGENT_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+        }
+        status, current = await self._call("GET", f"{path}/{rb_name}")
+        if status == 404:
+            await self._call("POST", path, body)
+        elif current.get("subjects") != body["subjects"]:
+            # roleRef is immutable and always the same; only the subject moves.
+            current["subjects"] = body["subjects"]
+            await self._call("PUT", f"{path}/{rb_name}", current)
+
+    async def _remove(self, ns: str, name: str, uid: str | None) -> None:
+        if await self._owned_shardset(ns, name, uid):
+            await self._call("DELETE", self._shardset_path(ns, name))
+            logger.info("deleted ShardSet %s/%s: the StatefulSet opted out", ns, name)
+        await self._call(
+            "DELETE",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/"
+            f"shardlease-agent-{name}")
+
+    async def _set_condition(self, ns: str, name: str, status: str, reason: str,
+                             message: str) -> None:
+        """Set the `Configured` condition, keeping the agents' conditions."""
+        for _ in range(5):
+            code, current = await self._call("GET", self._shardset_path(ns, name))
+            if code != 200:
+                return
+            meta = current.get("metadata") or {}
+            old = (current.get("status") or {}).get("conditions")
+            cond = {"type": "Configured", "status": status, "reason": reason,
+                    "message": message}
+            conditions = merge_conditions([cond], old, meta.get("generation"))
+            patch = [{"op": "test", "path": "/metadata/resourceVersion",
+                      "value": meta.get("resourceVersion")}]
+            if current.get("status") is None:
+                patch.append({"op": "add", "path": "/status", "value": {}})
+            patch.append({"op": "add", "path": "/status/conditions", "value": conditions})
+            code, _ = await self._call("PATCH", self._shardset_path(ns, name) + "/status",
+                                       patch, "application/json-patch+json",
+                                       allow=(404, 409, 422))
+            if code < 400:
+                return
+            await asyncio.sleep(0.2)
+        logger.warning("could not set the Configured condition of %s/%s", ns, name)
+
+
+def _replace(body: dict[str, Any], new: dict[str, Any]) -> None:
+    body.clear()
+    body.update(new)
+
+
+def default_agent_image() -> str:
+    return os.environ.get("SHARDLEASE_AGENT_IMAGE", "shardlease:0.1.0")
