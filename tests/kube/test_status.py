@@ -1,0 +1,57 @@
+"""The ShardSet status says who owns what and whether the shares are fair."""
+
+from shardlease.k8s.status import build_status, comparable, merge_conditions
+from shardlease.loop import Owner
+
+
+def owners(mapping: dict[int, str | None]) -> list[Owner]:
+    return [Owner(s, o, 3 if o else 0) for s, o in mapping.items()]
+
+
+def cond(status: dict, type_: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_fair_and_complete_ownership_is_balanced() -> None:
+    st = build_status(owners({0: "a", 1: "b", 2: "a", 3: "b"}), ["a", "b"], 4, 7, "a")
+    assert st["owners"] == {"0": "a", "1": "b", "2": "a", "3": "b"}
+    assert st["generations"] == {"0": 3, "1": 3, "2": 3, "3": 3}
+    assert (st["ownedShards"], st["liveNodes"], st["nodes"]) == (4, 2, ["a", "b"])
+    assert st["observedGeneration"] == 7
+    assert cond(st, "Balanced")["status"] == "True"
+    assert cond(st, "Degraded")["status"] == "False"
+
+
+def test_unowned_shards_are_absent_from_owners_and_degrade_the_set() -> None:
+    st = build_status(owners({0: "a", 1: None, 2: "a"}), ["a"], 3, None, "a")
+    assert st["owners"] == {"0": "a", "2": "a"}
+    assert "1" not in st["generations"]
+    assert cond(st, "Balanced")["reason"] == "UnownedShards"
+    assert cond(st, "Degraded")["status"] == "True"
+
+
+def test_a_node_above_its_fair_share_is_not_balanced() -> None:
+    st = build_status(owners({0: "a", 1: "a", 2: "a", 3: "b"}), ["a", "b"], 4, None, "a")
+    assert cond(st, "Balanced")["status"] == "False"
+    assert cond(st, "Balanced")["reason"] == "OverShare"
+    assert "a holds 3" in cond(st, "Balanced")["message"]
+
+
+def test_transition_times_move_only_when_a_condition_flips() -> None:
+    old = [{"type": "Balanced", "status": "True", "lastTransitionTime": "T0"},
+           {"type": "Configured", "status": "True", "lastTransitionTime": "T1"}]
+    same = merge_conditions([{"type": "Balanced", "status": "True"}], old, 2)
+    assert same[0]["lastTransitionTime"] == "T0"
+    assert same[0]["observedGeneration"] == 2
+    assert {"type": "Configured", "status": "True", "lastTransitionTime": "T1"} in same
+    flipped = merge_conditions([{"type": "Balanced", "status": "False"}], old, 2)
+    assert flipped[0]["lastTransitionTime"] != "T0"
+
+
+def test_comparable_ignores_transition_times() -> None:
+    a = build_status(owners({0: "a"}), ["a"], 1, 1, "a")
+    b = build_status(owners({0: "a"}), ["a"], 1, 1, "a")
+    a["conditions"] = merge_conditions(a["conditions"], None, 1)
+    assert comparable(a) != comparable(b)  # observedGeneration on conditions
+    b["conditions"] = merge_conditions(b["conditions"], None, 1)
+    assert comparable(a) == comparable(b)
