@@ -416,8 +416,9 @@ class Demo:
     def _table(self, rows: Sequence[OwnerRow]) -> str:
         t = time.time() - self.started
         lines = [f"shardlease demo: {len(self.members)} nodes, {self.shards} shards, "
-                 f"lease TTL {self.ttl:g}s   t={t:5.1f}s", f"> {self.phase}", "",
-                 f"{'NODE':<10} {'STATE':<8} {'LEASES':>6}  SHARDS (generation)"]
+                 f"lease TTL {self.ttl:g}s   t={t:5.1f}s", ""]
+        lines += [f"  {at - self.started:5.1f}s  {what}" for what, at in self.marks]
+        lines += ["", f"{'NODE':<10} {'STATE':<8} {'LEASES':>6}  SHARDS (generation)"]
         for m in self.members.values():
             held = [r for r in rows if r.owner == m.name]
             state = m.state if m.state != "running" or m.name in self.running() else "exited"
@@ -605,7 +606,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupted)
+    # Explicitly, so that a demo started with SIGINT ignored still cleans up.
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_FAILED
     try:
         code = asyncio.run(_demo(demo, store))
@@ -616,7 +618,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         code = 130
     finally:
         demo.stop_all(grace=2 * args.lease_ttl)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if code == EXIT_OK and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         else:

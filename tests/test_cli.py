@@ -1,0 +1,157 @@
+"""The command line's contract: errors, exit statuses and the owners output.
+
+Run as a user would, in a child process (`python -m shardlease`), so that
+exit statuses and stderr are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardlease.cli import OwnerRow, owners_table, parse_peers
+from shardlease.errors import ConfigError
+from shardlease.records import Lease, new_write_id
+from shardlease.stores.file import FileStore
+
+
+def shardlease(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardlease", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def node_args(store: str, *extra: str) -> list[str]:
+    return ["node", "--store", store, "--cluster", "c", "--name", "a", "--shards", "4", *extra]
+
+
+def assert_config_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "error" in lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--lease-ttl", "3", "--margin", "3"], ["margin", "lease_ttl"]),
+    (["--lease-ttl", "3", "--margin", "5"], ["margin", "lease_ttl"]),
+    (["--lease-ttl", "3", "--interval", "2.9"], ["interval"]),
+    (["--max-concurrency", "0"], ["max_concurrency"]),
+    (["--peer", "nobody"], ["--peer", "NAME=ADDRESS"]),
+    (["--host", "carrier-pigeon"], ["--host"]),
+    (["--lease-ttl", "soon"], ["--lease-ttl"]),
+    (["--log-format", "xml"], ["--log-format"]),
+])
+def test_a_bad_node_option_is_one_clear_line_and_exit_2(tmp_path: Path, extra: list[str],
+                                                        words: list[str]) -> None:
+    assert_config_error(shardlease(*node_args(f"file://{tmp_path}", *extra)), *words)
+
+
+def test_zero_shards_is_refused(tmp_path: Path) -> None:
+    result = shardlease("node", "--store", f"file://{tmp_path}", "--cluster", "c",
+                        "--name", "a", "--shards", "0")
+    assert_config_error(result, "shards")
+
+
+def test_an_unknown_store_scheme_is_refused_with_the_accepted_forms() -> None:
+    result = shardlease(*node_args("ftp://somewhere/leases"))
+    assert_config_error(result, "ftp://somewhere/leases", "file:///path", "s3://")
+
+
+def test_a_malformed_file_store_url_is_refused() -> None:
+    assert_config_error(shardlease(*node_args("file://host/path")), "file:///")
+
+
+def test_a_missing_required_option_is_a_usage_error() -> None:
+    result = shardlease("node", "--store", "memory://x", "--cluster", "c", "--name", "a")
+    assert_config_error(result, "--shards")
+
+
+def test_an_unusable_file_store_exits_1_without_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    result = shardlease(*node_args(f"file://{blocker}/store"))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert str(blocker) in result.stderr
+
+
+def test_owners_refuses_zero_shards_and_unknown_stores(tmp_path: Path) -> None:
+    assert_config_error(shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                                   "--shards", "0"), "--shards")
+    assert_config_error(shardlease("owners", "--store", "nope://x", "--cluster", "c"), "nope")
+    assert_config_error(shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                                   "-o", "yaml"), "-o")
+
+
+def test_demo_refuses_a_memory_store_and_one_node() -> None:
+    assert_config_error(shardlease("demo", "--store", "memory://x"), "memory")
+    assert_config_error(shardlease("demo", "--nodes", "1"), "--nodes")
+
+
+async def test_owners_json_has_one_entry_per_shard_sorted(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    for shard, owner, generation in [(2, "b", 3), (0, "a", 1), (4, None, 7)]:
+        await store.create_lease(Lease(cluster="c", shard=shard, owner=owner,
+                                       generation=generation, write_id=new_write_id(), ttl=3))
+    path = store.lease_path("c", 3)
+    path.write_bytes(b"{not json")
+
+    result = shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                        "-o", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)  # one JSON object, nothing else on stdout
+    assert doc["shards"] == [
+        {"shard": 0, "owner": "a", "generation": 1},
+        {"shard": 1, "owner": None, "generation": 0},
+        {"shard": 2, "owner": "b", "generation": 3},
+        {"shard": 3, "owner": None, "generation": 0},
+        {"shard": 4, "owner": None, "generation": 7},
+    ]
+    assert "shard 3" in result.stderr and "corrupt" in result.stderr
+
+    result = shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                        "--shards", "8", "-o", "json")
+    shards = json.loads(result.stdout)["shards"]
+    assert [s["shard"] for s in shards] == list(range(8))
+    assert shards[7] == {"shard": 7, "owner": None, "generation": 0}
+
+
+def test_owners_of_an_empty_cluster_is_an_empty_list(tmp_path: Path) -> None:
+    result = shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                        "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["shards"] == []
+
+
+def test_the_owners_table_aligns_columns_and_sums_up_per_owner() -> None:
+    rows = [OwnerRow(0, "node-a", 1), OwnerRow(1, None, 0), OwnerRow(10, "node-bb", 12)]
+    lines = owners_table(rows).splitlines()
+    assert lines[0].split() == ["SHARD", "OWNER", "GENERATION"]
+    assert [line.index(line.split()[1]) for line in lines[:4]] == [7] * 4
+    assert "node-a: 1 shard(s): 0" in lines
+    assert "node-bb: 1 shard(s): 10" in lines
+    assert "(unowned): 1 shard(s): 1" in lines
+
+
+def test_peers_parse_as_name_equals_address() -> None:
+    assert parse_peers(["a=10.0.0.1:80", "b=x=y"]) == {"a": "10.0.0.1:80", "b": "x=y"}
+    with pytest.raises(ConfigError):
+        parse_peers(["=addr"])
+
+
+def test_python_dash_m_and_the_console_script_agree() -> None:
+    script = Path(sys.executable).parent / "shardlease"
+    by_script = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                               timeout=60)
+    by_module = shardlease("--help")
+    assert by_module.returncode == by_script.returncode == 0
+    assert by_module.stdout == by_script.stdout
+    for command in ("node", "owners", "demo", "bench"):
+        assert command in by_module.stdout
