@@ -27,6 +27,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -36,8 +37,10 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import ValidationError
 
 from shardlease.errors import ConfigError, Conflict, StoreError
-from shardlease.records import Heartbeat, Lease, Stored
+from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored
 from shardlease.stores.base import LeaseStore
+
+logger = logging.getLogger("shardlease.store.kubernetes")
 
 GROUP = "shardlease.io"
 LABEL_CLUSTER = f"{GROUP}/cluster"
@@ -49,6 +52,8 @@ ANN_TTL = f"{GROUP}/ttl"
 ANN_NODE = f"{GROUP}/node"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 PAGE = 500
+#: Largest Lease object accepted (without managedFields), in bytes.
+OBJECT_LIMIT = 4 * MAX_RECORD_BYTES
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -85,7 +90,7 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
     if lease.incarnation:
         annotations[ANN_INCARNATION] = lease.incarnation
     meta: dict[str, Any] = {
-        "name": f"shardlease-{lease.cluster}-{lease.shard}",
+        "name": lease_name(lease.cluster, lease.shard),
         "namespace": namespace,
         "labels": {LABEL_CLUSTER: lease.cluster, LABEL_SHARD: str(lease.shard),
                    LABEL_KIND: "shard"},
@@ -97,16 +102,43 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
             "spec": spec}
 
 
+def lease_name(cluster: str, shard: int) -> str:
+    return f"shardlease-{cluster}-{shard}"
+
+
+def shard_of(name: str, cluster: str) -> int | None:
+    """The shard a Lease name stands for in `cluster`, or None if it is not one."""
+    suffix = name.removeprefix(f"shardlease-{cluster}-")
+    return int(suffix) if suffix != name and suffix.isdigit() else None
+
+
+def _size(obj: dict[str, Any]) -> int:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return len(json.dumps({"metadata": meta, "spec": obj.get("spec")}))
+
+
 def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lease]:
-    """Validate a Lease object as a shardlease lease; never raises."""
+    """Validate a Lease object stored as `cluster`'s shard `shard`; never raises.
+
+    The object's name is where it is stored; its labels, spec and annotations
+    are its content, checked like any record read from a shared store.
+    """
     meta = obj.get("metadata") or {}
     version = str(meta.get("resourceVersion", ""))
+    name = meta.get("name")
     try:
+        size = _size(obj)
+        if size > OBJECT_LIMIT:
+            raise ValueError(f"the object is {size} bytes, more than the {OBJECT_LIMIT} allowed")
         labels = meta.get("labels") or {}
         ann = meta.get("annotations") or {}
         spec = obj.get("spec") or {}
-        if labels.get(LABEL_CLUSTER) != cluster or labels.get(LABEL_SHARD) != str(shard):
-            raise ValueError(f"labels {labels!r} do not name cluster {cluster!r} shard {shard}")
+        if labels.get(LABEL_CLUSTER) != cluster:
+            raise ValueError(f"its cluster label is {labels.get(LABEL_CLUSTER)!r}, "
+                             f"not {cluster!r}")
+        if labels.get(LABEL_SHARD) != str(shard):
+            raise ValueError(f"its shard label is {labels.get(LABEL_SHARD)!r}, "
+                             f"but it is stored as shard {shard}")
         ttl = float(ann.get(ANN_TTL) or spec.get("leaseDurationSeconds") or 0)
         lease = Lease.model_validate({
             "cluster": cluster,
@@ -119,11 +151,13 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lea
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
         })
         return Stored(version, lease)
-    except (ValidationError, ValueError, TypeError) as e:
-        msg = str(e).splitlines()[0] if not isinstance(e, ValidationError) else (
-            f"{e.error_count()} problem(s); first: "
-            f"{'.'.join(map(str, e.errors()[0]['loc']))}: {e.errors()[0]['msg']}")
-        return Stored(version, None, f"Lease {meta.get('name')!r} is not a valid lease: {msg}")
+    except ValidationError as e:
+        first = e.errors()[0]
+        msg = (f"{e.error_count()} problem(s); first: "
+               f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        return Stored(version, None, f"invalid lease object {name!r}: {msg}")
+    except (ValueError, TypeError) as e:
+        return Stored(version, None, f"invalid lease object {name!r}: {e}")
 
 
 async def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
@@ -259,16 +293,18 @@ class KubernetesStore(LeaseStore):
         items = await self._list(f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}=shard")
         out: dict[int, Stored[Lease]] = {}
         for obj in items:
-            label = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_SHARD, "")
-            if not label.isdigit():
-                continue  # not one of ours by shape; the selector keeps this rare
-            shard = int(label)
+            name = (obj.get("metadata") or {}).get("name", "")
+            shard = shard_of(name, cluster)
+            if shard is None:
+                logger.warning("Lease %s/%s carries the labels of cluster %s but is not named "
+                               "like one of its shards; ignored", self.namespace, name, cluster)
+                continue
             out[shard] = object_to_lease(obj, cluster, shard)
         return out
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         status, payload = await self._request(
-            "GET", self._path(f"shardlease-{cluster}-{shard}"), kind="get")
+            "GET", self._path(lease_name(cluster, shard)), kind="get")
         if status == 404:
             return None
         if status != 200:
