@@ -53,7 +53,7 @@ ANN_NODE = f"{GROUP}/node"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 PAGE = 500
 #: Largest Lease object accepted (without managedFields), in bytes.
-OBJECT_LIMIT = 4 * MAX_RECORD_BYTES
+OBJECT_LIMIT = MAX_RECORD_BYTES
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -171,8 +171,10 @@ async def api_client(kubeconfig: str | None = None, context: str | None = None) 
         if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig and not context:
             config.load_incluster_config(client_configuration=conf)
         else:
-            await config.load_kube_config(config_file=kubeconfig, context=context,
-                                          client_configuration=conf)
+            # Read KUBECONFIG now: the client library reads it once, at import.
+            await config.load_kube_config(
+                config_file=kubeconfig or os.environ.get("KUBECONFIG"), context=context,
+                client_configuration=conf)
     except Exception as e:
         raise StoreError(
             f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from None
@@ -330,7 +332,15 @@ class KubernetesStore(LeaseStore):
             claim = (lease.generation, lease.renewed_at)
         body = lease_to_object(lease, self.namespace, version, claim[1])
         name = body["metadata"]["name"]
-        status, payload = await self._request("PUT", self._path(name), body=body, kind="put")
+        # A merge patch carrying metadata.resourceVersion, not a PUT: the API
+        # server honours the version as a precondition either way (409), but
+        # a PUT of a missing Lease *creates* it (Leases allow create on
+        # update), which would let a stale owner resurrect a deleted lease.
+        spec = body["spec"]
+        for field in ("holderIdentity", "acquireTime"):
+            spec.setdefault(field, None)
+        body["metadata"]["annotations"].setdefault(ANN_INCARNATION, None)
+        status, payload = await self._request("PATCH", self._path(name), body=body, kind="put")
         if status in (409, 404):
             raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
         if status != 200:
