@@ -1,0 +1,40 @@
+# The shardlease image: one image for `shardlease operator` (the cluster
+# operator) and `shardlease agent` (the per-pod sidecar the operator injects).
+#
+#   docker build -t shardlease:0.1.0 .
+#
+# Stage 1 builds a wheel from the project and installs it, with its
+# dependencies, into a virtualenv. Stage 2 is a clean python:3.11-slim with
+# only that virtualenv: no source tree, no build tools, no pip.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Only what building the package needs (see .dockerignore).
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+RUN python -m venv /opt/shardlease \
+ && pip wheel --no-deps --wheel-dir /wheels . \
+ && /opt/shardlease/bin/pip install /wheels/shardlease-*.whl \
+ && /opt/shardlease/bin/pip uninstall --yes pip \
+ && /opt/shardlease/bin/shardlease --help > /dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="shardlease" \
+      org.opencontainers.image.description="Places the shards of a StatefulSet's application across its pods with leases" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/shardlease/bin:$PATH
+# The same path as in the builder: the venv's scripts point at it.
+COPY --from=builder /opt/shardlease /opt/shardlease
+# 65532: the conventional "nonroot" uid/gid; the chart runs as it too.
+USER 65532:65532
+WORKDIR /tmp
+ENTRYPOINT ["shardlease"]
+CMD ["--help"]
