@@ -57,7 +57,15 @@ class _Shard:
     state: State = State.WAITING
     reason: Reason | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    fenced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+
+    def fence(self) -> None:
+        """The deadline passed: stop, and interrupt an open in progress, even
+        if the shard was already being stopped for another reason."""
+        self.reason = Reason.FENCED
+        self.fenced.set()
+        self.stop.set()
 
 
 #: Seconds between close attempts after a failure (doubling, capped).
@@ -149,8 +157,7 @@ class Runner:
                 for st in self._shards.values():
                     if st.reason is not Reason.FENCED and st.state is not State.CLOSED \
                             and st.deadline <= now:
-                        st.reason = Reason.FENCED
-                        st.stop.set()
+                        st.fence()
                         fenced.append(st.shard)
                 if fenced:
                     logger.warning("self-fencing shards %s: no renewal before their deadline",
@@ -252,12 +259,10 @@ class Runner:
             self._slots.release()
 
     async def _until_fenced(self, st: _Shard) -> None:
-        while st.reason is not Reason.FENCED:
-            await st.stop.wait()
-            if st.reason is not Reason.FENCED:
-                # Stopped for another reason while opening: let the open finish,
-                # then close it; only a fence interrupts an open.
-                await asyncio.Event().wait()
+        # Stopped for another reason while opening, the open may finish (and
+        # is then closed); only a fence interrupts an open -- also one that
+        # comes after such a stop.
+        await st.fenced.wait()
 
     async def _close(self, st: _Shard) -> None:
         """Close, retrying on failure. The lease is kept (and renewed by the
@@ -281,7 +286,7 @@ class Runner:
             await asyncio.sleep(delay)
             delay = min(delay * 2, CLOSE_RETRY_MAX)
             if self._past_deadline(st) and st.reason is not Reason.FENCED:
-                st.reason = Reason.FENCED
+                st.fence()
 
     def _finish(self, st: _Shard, reason: Reason) -> None:
         if st.state is State.CLOSED:
