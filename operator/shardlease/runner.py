@@ -236,6 +236,14 @@ class Runner:
             try:
                 done, _ = await asyncio.wait({opening, fence}, timeout=self.open_timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                # Cancelled (the runner is ending): the open must end before
+                # anyone closes the shard, or the host would see a close
+                # during the open, and the open could land after the close.
+                opening.cancel()
+                with contextlib.suppress(BaseException):
+                    await opening
+                raise
             finally:
                 fence.cancel()
             if opening not in done:
