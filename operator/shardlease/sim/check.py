@@ -1,0 +1,274 @@
+"""Invariant checks over a simulation trace (and the state at quiescence).
+
+An *open interval* of a shard on a node runs from the host's `open` returning
+successfully to the start of the `close` call that succeeded (a close that
+fails leaves the shard open at the host), or to the node's crash. Deadlines
+are the runner's, recorded at every claim and every renewal that moved them.
+
+(a) exclusive:   two intervals of one shard on different nodes overlap only
+                 if the older one's deadline (its latest, up to the end of the
+                 overlap) had passed when the newer one opened;
+(b) generations: the generations a host is asked to open, per shard and over
+                 all nodes, strictly increase;
+(c) quiescence:  every shard is open on exactly one live node, whose lease
+                 (owner, incarnation, generation) it is, the loop holds what
+                 its host has open, no live node has more than ceil(S/N), and
+                 every live node's `lookup` routes every shard to its owner;
+(d) recovery:    a crashed node's shards reopen elsewhere within
+                 ttl + 2 intervals of the crash (checked by the scenario,
+                 which knows which crashes happened in fault-free windows);
+(e) fenced opens: no open completes after the shard's deadline;
+(f) fenced on time: on a node without pauses or failing closes, the close of
+                 every interval starts by the shard's deadline;
+(g) departures:  a node that stopped gracefully left nothing open, no lease
+                 and no heartbeat (checked by the world when the stop ends);
+(h) host order:  per node and shard the host never gets two calls at once,
+                 and never a second open before a close.
+Also: the runner gives up on a close that keeps failing only after a fence.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardlease.sim.world import Snapshot, TraceEvent
+
+
+@dataclass
+class Interval:
+    node: str
+    shard: int
+    generation: int
+    start_i: int
+    start_t: float
+    end_i: int = -1
+    end_t: float = math.inf
+    ended_by: str = ""  # close, crash, reopen, end
+    abandoned_i: int | None = None  # the runner gave up closing it (after a fence)
+
+
+@dataclass
+class Recovery:
+    """A crash and how long until every lease it held was open elsewhere."""
+
+    node: str
+    at: float
+    shards: tuple[int, ...]
+    seconds: float | None  # None: some shard never reopened before the end
+
+
+@dataclass
+class Deadlines:
+    by_key: dict[tuple[str, int], tuple[list[int], list[float]]] = field(default_factory=dict)
+
+    def add(self, node: str, shard: int, index: int, value: float) -> None:
+        idx, vals = self.by_key.setdefault((node, shard), ([], []))
+        idx.append(index)
+        vals.append(value)
+
+    def at(self, node: str, shard: int, index: int) -> float | None:
+        """The deadline last recorded for (node, shard) before trace index `index`."""
+        found = self.by_key.get((node, shard))
+        if found is None:
+            return None
+        pos = bisect.bisect_left(found[0], index)
+        return found[1][pos - 1] if pos else None
+
+
+def deadlines(trace: Sequence[TraceEvent]) -> Deadlines:
+    d = Deadlines()
+    for i, ev in enumerate(trace):
+        if ev.kind == "deadline":
+            d.add(ev.node, ev.shard, i, ev.value)
+    return d
+
+
+def intervals(trace: Sequence[TraceEvent]) -> list[Interval]:
+    out: list[Interval] = []
+    current: dict[tuple[str, int], Interval] = {}
+    closing: dict[tuple[str, int], tuple[int, float]] = {}
+    end_i, end_t = len(trace), (trace[-1].t if trace else 0.0)
+    for i, ev in enumerate(trace):
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "open_ok":
+                if (old := current.pop(key, None)) is not None:
+                    old.end_i, old.end_t, old.ended_by = i, ev.t, "reopen"
+                iv = Interval(ev.node, ev.shard, ev.generation, i, ev.t)
+                current[key] = iv
+                out.append(iv)
+            case "close_call":
+                closing[key] = (i, ev.t)
+            case "close_ok":
+                start = closing.pop(key, (i, ev.t))
+                if (iv := current.pop(key, None)) is not None:
+                    iv.end_i, iv.end_t, iv.ended_by = start[0], start[1], "close"
+            case "close_err" | "close_cancel":
+                closing.pop(key, None)
+            case "abandoned":
+                if (iv := current.get(key)) is not None:
+                    iv.abandoned_i = i
+            case "crash":
+                for k in [k for k in current if k[0] == ev.node]:
+                    iv = current.pop(k)
+                    iv.end_i, iv.end_t, iv.ended_by = i, ev.t, "crash"
+            case _:
+                pass
+    for iv in current.values():
+        iv.end_i, iv.end_t, iv.ended_by = end_i, end_t, "end"
+    return out
+
+
+def check_exclusive(trace: Sequence[TraceEvent]) -> list[str]:
+    """(a)"""
+    dl = deadlines(trace)
+    by_shard: dict[int, list[Interval]] = defaultdict(list)
+    for iv in intervals(trace):
+        by_shard[iv.shard].append(iv)
+    problems = []
+    for shard, ivs in sorted(by_shard.items()):
+        ivs.sort(key=lambda iv: iv.start_i)
+        for j, y in enumerate(ivs):
+            for x in ivs[:j]:
+                if x.node == y.node or not x.start_i < y.start_i < x.end_i:
+                    continue
+                upto = min(x.end_i, y.end_i)
+                if x.abandoned_i is not None:
+                    upto = min(upto, x.abandoned_i)
+                d = dl.at(x.node, shard, upto)
+                if d is None or d > y.start_t:
+                    problems.append(
+                        f"(a) shard {shard}: open on {y.node} (generation {y.generation}) at "
+                        f"{y.start_t:.3f} while still open on {x.node} (generation "
+                        f"{x.generation}, deadline {d}) until {x.end_t:.3f}")
+    return problems
+
+
+def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
+    """(b)"""
+    last: dict[int, tuple[int, str, float]] = {}
+    problems = []
+    for ev in trace:
+        if ev.kind != "open_call":
+            continue
+        prev = last.get(ev.shard)
+        if prev is not None and ev.generation <= prev[0]:
+            problems.append(
+                f"(b) shard {ev.shard}: {ev.node} asked to open generation {ev.generation} at "
+                f"{ev.t:.3f} after {prev[1]} opened generation {prev[0]} at {prev[2]:.3f}")
+        last[ev.shard] = (ev.generation, ev.node, ev.t)
+    return problems
+
+
+def check_deadlines(trace: Sequence[TraceEvent]) -> list[str]:
+    """(e) and (f)"""
+    dl = deadlines(trace)
+    exempt = {ev.node for ev in trace if ev.kind in ("pause", "close_err")}
+    problems = []
+    for i, ev in enumerate(trace):
+        if ev.kind == "open_ok":
+            d = dl.at(ev.node, ev.shard, i)
+            if d is None or ev.t > d:
+                problems.append(f"(e) shard {ev.shard}: {ev.node} finished opening generation "
+                                f"{ev.generation} at {ev.t:.3f}, after its deadline {d}")
+    for iv in intervals(trace):
+        if iv.node in exempt or iv.ended_by not in ("close", "reopen") \
+                or iv.abandoned_i is not None:
+            continue
+        d = dl.at(iv.node, iv.shard, iv.end_i)
+        if d is None or iv.end_t > d:
+            problems.append(f"(f) shard {iv.shard}: {iv.node} started closing generation "
+                            f"{iv.generation} at {iv.end_t:.3f}, after its deadline {d}")
+    return problems
+
+
+def check_host_order(trace: Sequence[TraceEvent]) -> list[str]:
+    """(h), and abandoned closes only after a fence."""
+    in_flight: dict[tuple[str, int], str] = {}
+    needs_close: set[tuple[str, int]] = set()
+    problems = []
+    for ev in trace:
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "open_call" | "close_call":
+                if key in in_flight:
+                    problems.append(f"(h) {ev.node} shard {ev.shard}: {ev.kind} at {ev.t:.3f} "
+                                    f"while its {in_flight[key]} is running")
+                if ev.kind == "open_call" and key in needs_close:
+                    problems.append(f"(h) {ev.node} shard {ev.shard}: opened again at "
+                                    f"{ev.t:.3f} without a close")
+                in_flight[key] = ev.kind.removesuffix("_call")
+                if ev.kind == "open_call":
+                    needs_close.add(key)
+                else:
+                    needs_close.discard(key)
+            case "open_ok" | "open_err" | "open_cancel" | "close_ok" | "close_err" \
+                    | "close_cancel":
+                in_flight.pop(key, None)
+            case "abandoned" if ev.detail != "fenced":
+                problems.append(f"(h) {ev.node} shard {ev.shard}: the runner finished "
+                                f"({ev.detail}) at {ev.t:.3f} while the host still has it open")
+            case _:
+                pass
+    return problems
+
+
+def check_trace(trace: Sequence[TraceEvent]) -> list[str]:
+    return (check_exclusive(trace) + check_generations(trace) + check_deadlines(trace)
+            + check_host_order(trace))
+
+
+def check_quiescence(snap: Snapshot, shards: int) -> list[str]:
+    """(c)"""
+    if not snap.live:
+        return []
+    problems = []
+    share = math.ceil(shards / len(snap.live))
+    where = f"(c) at {snap.t:.3f}"
+    for s in range(shards):
+        holders = [label for label, opened in snap.open.items() if s in opened]
+        if len(holders) != 1:
+            problems.append(f"{where}: shard {s} is open on {holders or 'no live node'}")
+            continue
+        label = holders[0]
+        lease = snap.leases.get(s)
+        if lease is None or lease.owner != snap.live[label] \
+                or lease.incarnation != snap.incarnations[label] \
+                or lease.generation != snap.open[label][s]:
+            problems.append(f"{where}: shard {s} is open on {label} (generation "
+                            f"{snap.open[label][s]}) but its lease is {lease}")
+        for other, routes in snap.lookups.items():
+            if routes[s] != snap.live[label]:
+                problems.append(f"{where}: {other} routes shard {s} to {routes[s]}, "
+                                f"not to {snap.live[label]}")
+    for label, opened in snap.open.items():
+        if len(opened) > share:
+            problems.append(f"{where}: {label} has {len(opened)} shards open, more than "
+                            f"ceil({shards}/{len(snap.live)}) = {share}")
+        if set(opened) != snap.held[label]:
+            problems.append(f"{where}: {label} holds leases {sorted(snap.held[label])} "
+                            f"but has {sorted(opened)} open")
+    return problems
+
+
+def recoveries(trace: Sequence[TraceEvent]) -> list[Recovery]:
+    """(d)'s figure: per crash, time until every lease it held was open elsewhere."""
+    out = []
+    for i, ev in enumerate(trace):
+        if ev.kind != "crash":
+            continue
+        shards = tuple(int(s) for s in ev.detail.split(",") if s)
+        pending = set(shards)
+        last = ev.t
+        for later in trace[i + 1:]:
+            if not pending:
+                break
+            if later.kind == "open_ok" and later.node != ev.node and later.shard in pending:
+                pending.discard(later.shard)
+                last = later.t
+        out.append(Recovery(ev.node, ev.t, shards, None if pending else last - ev.t))
+    return out

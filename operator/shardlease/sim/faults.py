@@ -1,0 +1,87 @@
+"""The faults a scenario injects, as plain values (times are virtual seconds
+from the start of the simulation; node names are the simulation's, n0, n1...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The node dies at `at`: no graceful step at all (see `world.SimNode.crash`)."""
+
+    at: float
+    node: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Every store and host call of the node that starts, or whose answer
+    arrives, during [at, at + duration) waits until the pause ends: SIGSTOP as
+    seen at the node's next I/O. Its timers keep running (see world.py)."""
+
+    at: float
+    node: str
+    duration: float
+
+
+@dataclass(frozen=True)
+class StoreFault:
+    """Store calls started in [at, until) by `node` (every node if None) take
+    `latency` + uniform(0, `jitter`) seconds and fail with `error_rate`
+    (before reaching the store) or `lost_reply_rate` (after the store applied
+    the call: the answer is lost). Draws come from a seeded RNG per node."""
+
+    at: float
+    until: float
+    node: str | None = None
+    latency: float = 0.0
+    jitter: float = 0.0
+    error_rate: float = 0.0
+    lost_reply_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class HostFault:
+    """Host calls started in [at, until) by `node` (every node if None) take
+    the given latency and fail (HostError) with the given rates."""
+
+    at: float
+    until: float
+    node: str | None = None
+    open_latency: float = 0.0
+    close_latency: float = 0.0
+    open_error_rate: float = 0.0
+    close_error_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Join:
+    """A node starts at `at` (a new name, or the name of a crashed or departed
+    node: a new incarnation), its wall clock skewed by `wall_skew` seconds."""
+
+    at: float
+    node: str
+    wall_skew: float = 0.0
+
+
+@dataclass(frozen=True)
+class Leave:
+    """The node stops gracefully (`PlacementLoop.stop()`) at `at`."""
+
+    at: float
+    node: str
+
+
+Fault = Crash | Pause | StoreFault | HostFault | Join | Leave
+
+
+def fault_end(fault: Fault) -> float:
+    """When a fault stops acting (for the settling time after the last one)."""
+    match fault:
+        case Pause(at=at, duration=d):
+            return at + d
+        case StoreFault(until=until) | HostFault(until=until):
+            return until
+        case _:
+            return fault.at

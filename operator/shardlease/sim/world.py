@@ -1,0 +1,542 @@
+"""The simulated world: nodes running the real `PlacementLoop` and `Runner`
+against one shared `MemoryBackend`, each through a fault-injecting store and a
+recording host, all in one virtual-time event loop.
+
+Crash model. `PlacementLoop.run()` answers cancellation with a best-effort
+shutdown (close every shard, free every lease, delete the heartbeat): a crash
+must not get that courtesy. A crash therefore first turns the node's store and
+host into black holes (every call in flight or to come hangs forever: nothing
+the dying node does can reach the store or the application any more, the way
+nothing reaches them from a killed process), then cancels every task the node
+ever created (the world knows them: tasks inherit a context variable naming
+their node), again and again until none is left. What the node's CancelledError
+handlers try is swallowed by the black holes. Its telemetry after the crash is
+dropped, and the recording host counts its open shards as closed at the crash
+(the process and its files are gone).
+
+Pause model. A pause makes every store and host call that starts, or whose
+answer comes back, during the pause wait until it ends: SIGSTOP as seen at the
+node's next I/O. The node's timers keep running, so the runner fences on time
+while the loop is stuck in a store call (what the design promises for a slow
+store). A real SIGSTOP also stops the timers; what protects the shard then is
+the generation, which the invariant checks account for (an overlap is allowed
+once the older owner's deadline has passed).
+
+Determinism. The only randomness is `random.Random` seeded from the scenario
+seed and the node's name and incarnation; wall clocks are virtual (epoch +
+loop time + skew). uuid4 write ids and incarnations are random but only ever
+compared for equality, so the trace is a function of the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shardlease.clock import LoopClock
+from shardlease.errors import HostError, StoreError
+from shardlease.loop import PlacementLoop
+from shardlease.options import Options
+from shardlease.records import Heartbeat, Lease, Stored, decode_heartbeat, stored_lease
+from shardlease.sim.faults import HostFault, StoreFault
+from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
+from shardlease.stores.base import LeaseStore
+from shardlease.stores.memory import MemoryBackend, MemoryStore
+from shardlease.telemetry import (
+    Claim,
+    Closed,
+    CorruptLease,
+    Event,
+    Lost,
+    Opened,
+    Release,
+    RenewFailed,
+    Round,
+    SelfFence,
+    Telemetry,
+)
+
+T = TypeVar("T")
+
+CLUSTER = "sim"
+#: Virtual wall-clock epoch (2027-01-15): wall = EPOCH + loop time + skew.
+EPOCH = 1_800_000_000.0
+
+NODE_VAR: contextvars.ContextVar[SimNode | None] = contextvars.ContextVar(
+    "shardlease_sim_node", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One line of the trace. `node` is the node's label (its name, plus
+    `#k` for its k-th restart). Kinds:
+
+    host side (recording host): open_call, open_ok, open_err, open_cancel,
+    close_call, close_ok, close_err, close_cancel, abandoned (the runner
+    reported the shard closed while the host still has it open);
+    runner deadlines: deadline (`value` = the runner's new deadline);
+    telemetry: claim, release, lost, self_fence, renew_failed, opened
+    (`value` = deadline), closed (`detail` = reason), corrupt, round
+    (`value` = duration, `detail` = live/share/held/ok);
+    the world: start, crash (`detail` = shards it held), pause (`value` =
+    until), leave, left, balanced, unbalanced.
+    """
+
+    t: float
+    node: str
+    kind: str
+    shard: int = -1
+    generation: int = -1
+    value: float = 0.0
+    detail: str = ""
+
+
+class SimClock(LoopClock):
+    """Monotonic time from the (virtual) loop; a virtual, skewed wall clock."""
+
+    def wall(self) -> float:
+        return EPOCH + self.monotonic() + self.wall_skew
+
+
+class SimNode:
+    """One incarnation of a node."""
+
+    def __init__(self, world: World, name: str, incarnation: int, wall_skew: float) -> None:
+        self.world = world
+        self.name = name
+        self.label = name if incarnation == 0 else f"{name}#{incarnation}"
+        self.wall_skew = wall_skew
+        self.status = "running"  # running, leaving, left, crashed, died
+        self.paused_until = -math.inf
+        self.blackholed = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.had_pause = False
+        self.store_rng = random.Random(f"{world.seed}/{self.label}/store")
+        self.host_rng = random.Random(f"{world.seed}/{self.label}/host")
+        self.store = SimStore(world, self)
+        self.host = RecordingHost(world, self)
+        self.telemetry = Telemetry()
+        self.telemetry.subscribe(self._on_event)
+        self.loop = PlacementLoop(self.store, self.host, world.options(name),
+                                  peers=world.peer_names, clock=SimClock(wall_skew),
+                                  telemetry=self.telemetry)
+        self._wrap_runner()
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status == "running"
+
+    async def gate(self) -> None:
+        """Where a pause or a crash catches the node's I/O."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.blackholed:
+                await loop.create_future()  # never resolves: a dead process
+            now = loop.time()
+            if now >= self.paused_until:
+                return
+            await asyncio.sleep(self.paused_until - now)
+
+    def _record(self, kind: str, shard: int = -1, generation: int = -1, value: float = 0.0,
+                detail: str = "") -> None:
+        self.world.record(self.label, kind, shard, generation, value, detail)
+
+    def _wrap_runner(self) -> None:
+        """Record every deadline the runner is given (claims and renewals),
+        without changing the runner: instance attributes over its methods."""
+        runner = self.loop.runner
+        start, extend = runner.start, runner.extend
+
+        def start_recorded(shard: int, generation: int, deadline: float) -> None:
+            start(shard, generation, deadline)
+            self._record("deadline", shard, generation, deadline, "claim")
+
+        def extend_recorded(shard: int, deadline: float) -> None:
+            before = runner.deadline(shard)
+            extend(shard, deadline)
+            after = runner.deadline(shard)
+            if after is not None and after != before:
+                self._record("deadline", shard, -1, after, "renew")
+
+        setattr(runner, "start", start_recorded)  # noqa: B010 - instance override
+        setattr(runner, "extend", extend_recorded)  # noqa: B010
+
+    def _on_event(self, ev: Event) -> None:
+        if self.status in ("crashed", "died"):
+            return
+        match ev:
+            case Claim(shard=s, generation=g):
+                self._record("claim", s, g)
+            case Release(shard=s):
+                self._record("release", s)
+            case Lost(shard=s):
+                self._record("lost", s)
+            case SelfFence(shards=shards):
+                for s in shards:
+                    self._record("self_fence", s)
+            case RenewFailed(shards=shards, error=error):
+                self._record("renew_failed", -1, -1, len(shards), error)
+            case Opened(shard=s, generation=g, deadline=d):
+                self._record("opened", s, g, d)
+            case Closed(shard=s, reason=reason):
+                self._record("closed", s, -1, 0.0, reason)
+                if s in self.host.open_now:
+                    # The runner is done with a shard the host still has open
+                    # (a fenced close that kept failing): by design the
+                    # generation fences it; it no longer counts as placed.
+                    self._record("abandoned", s, self.host.open_now[s], 0.0, reason)
+                    del self.host.open_now[s]
+                    self.world.host_changed()
+            case CorruptLease(shard=s, error=error):
+                self._record("corrupt", s, -1, 0.0, error)
+            case Round(live_nodes=live, share=share, held=held, duration=d, ok=ok):
+                self.world.rounds[self.label] = self.world.rounds.get(self.label, 0) + 1
+                self._record("round", -1, -1, d, f"live={live} share={share} held={held} ok={ok}")
+            case _:
+                pass
+
+
+class SimStore(LeaseStore):
+    """A node's view of the shared backend, with its faults. Counts requests
+    in `requests` like a real store."""
+
+    def __init__(self, world: World, node: SimNode) -> None:
+        super().__init__()
+        self.world = world
+        self.node = node
+        self.inner = MemoryStore(world.backend, name="sim")
+
+    def describe(self) -> str:
+        return f"sim://{self.node.label}"
+
+    async def _call(self, kind: str, op: Callable[[], Awaitable[T]]) -> T:
+        self._count(kind)
+        node, rng = self.node, self.node.store_rng
+        await node.gate()
+        latency, jitter, error_rate, lost_rate = self.world.store_conditions(node.name)
+        delay = latency + (rng.uniform(0, jitter) if jitter > 0 else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if error_rate > 0 and rng.random() < error_rate:
+            await node.gate()
+            raise StoreError(f"injected {kind} failure")
+        result = await op()
+        if lost_rate > 0 and rng.random() < lost_rate:
+            await node.gate()
+            raise StoreError(f"injected {kind} failure: the reply was lost")
+        await node.gate()
+        return result
+
+    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        return await self._call("list", lambda: self.inner.list_leases(cluster))
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        return await self._call("get", lambda: self.inner.get_lease(cluster, shard))
+
+    async def create_lease(self, lease: Lease) -> str:
+        return await self._call("put", lambda: self.inner.create_lease(lease))
+
+    async def update_lease(self, lease: Lease, version: str) -> str:
+        return await self._call("put", lambda: self.inner.update_lease(lease, version))
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        return await self._call("list", lambda: self.inner.list_heartbeats(cluster))
+
+    async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        await self._call("put", lambda: self.inner.put_heartbeat(heartbeat))
+
+    async def delete_heartbeat(self, cluster: str, node: str) -> None:
+        await self._call("delete", lambda: self.inner.delete_heartbeat(cluster, node))
+
+
+class RecordingHost:
+    """The application of one node: records every call with virtual time,
+    node and generation; `open_now` is what the application has open."""
+
+    def __init__(self, world: World, node: SimNode) -> None:
+        self.world = world
+        self.node = node
+        self.open_now: dict[int, int] = {}  # shard -> generation
+
+    async def open(self, shard: int, generation: int) -> None:
+        node, rng = self.node, self.node.host_rng
+        await node.gate()
+        node._record("open_call", shard, generation)
+        latency, _, error_rate, _ = self.world.host_conditions(node.name)
+        try:
+            if latency > 0:
+                await asyncio.sleep(latency)
+        except asyncio.CancelledError:
+            node._record("open_cancel", shard, generation)
+            raise
+        if error_rate > 0 and rng.random() < error_rate:
+            node._record("open_err", shard, generation)
+            raise HostError(f"injected open failure of shard {shard}")
+        node._record("open_ok", shard, generation)
+        self.open_now[shard] = generation
+        self.world.host_changed()
+        await node.gate()
+
+    async def close(self, shard: int) -> None:
+        node, rng = self.node, self.node.host_rng
+        await node.gate()
+        node._record("close_call", shard)
+        _, latency, _, error_rate = self.world.host_conditions(node.name)
+        try:
+            if latency > 0:
+                await asyncio.sleep(latency)
+        except asyncio.CancelledError:
+            node._record("close_cancel", shard)
+            raise
+        if error_rate > 0 and rng.random() < error_rate:
+            node._record("close_err", shard)
+            raise HostError(f"injected close failure of shard {shard}")
+        node._record("close_ok", shard)
+        if self.open_now.pop(shard, None) is not None:
+            self.world.host_changed()
+        await node.gate()
+
+
+@dataclass
+class Snapshot:
+    """The state at quiescence, for the invariant (c)."""
+
+    t: float
+    live: dict[str, str]  # label -> name of the live nodes
+    incarnations: dict[str, str]  # label -> loop incarnation
+    open: dict[str, dict[int, int]]  # label -> shard -> generation open at its host
+    held: dict[str, set[int]]  # label -> leases the loop holds
+    leases: dict[int, Lease | None]  # the backend's records
+    lookups: dict[str, dict[int, str | None]]  # label -> shard -> lookup()
+
+
+@dataclass
+class World:
+    shards: int
+    seed: int
+    lease_ttl: float
+    interval: float | None
+    margin: float | None
+    max_concurrency: int
+    open_timeout: float
+    close_timeout: float
+    backend: MemoryBackend = field(default_factory=MemoryBackend)
+    trace: list[TraceEvent] = field(default_factory=list)
+    nodes: list[SimNode] = field(default_factory=list)
+    store_faults: list[StoreFault] = field(default_factory=list)
+    host_faults: list[HostFault] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    rounds: dict[str, int] = field(default_factory=dict)
+    balanced: bool = False
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def options(self, name: str) -> Options:
+        return Options(shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
+                       margin=self.margin, name=name, cluster_name=CLUSTER,
+                       max_concurrency=self.max_concurrency, open_timeout=self.open_timeout,
+                       close_timeout=self.close_timeout)
+
+    def record(self, node: str, kind: str, shard: int = -1, generation: int = -1,
+               value: float = 0.0, detail: str = "") -> None:
+        self.trace.append(TraceEvent(self.now(), node, kind, shard, generation, value, detail))
+
+    def install(self, loop: VirtualTimeLoop) -> None:
+        loop.task_hook = self._on_task
+
+    def _on_task(self, task: asyncio.Task[Any], context: contextvars.Context | None) -> None:
+        node = context.get(NODE_VAR) if context is not None else NODE_VAR.get()
+        if node is not None:
+            node.tasks.add(task)
+            task.add_done_callback(node.tasks.discard)
+
+    def peer_names(self) -> list[str]:
+        """Peer discovery: the pods that exist (not crashed, not departed)."""
+        return [n.name for n in self.nodes if n.status in ("running", "leaving")]
+
+    def live_nodes(self) -> list[SimNode]:
+        return [n for n in self.nodes if n.live]
+
+    def node(self, name: str) -> SimNode | None:
+        """The current incarnation of `name`."""
+        for n in reversed(self.nodes):
+            if n.name == name:
+                return n
+        return None
+
+    def _active(self, fault: StoreFault | HostFault, name: str) -> bool:
+        return fault.at <= self.now() < fault.until and fault.node in (None, name)
+
+    def store_conditions(self, name: str) -> tuple[float, float, float, float]:
+        """latency, jitter, error rate, lost-reply rate for a call starting now."""
+        latency = jitter = 0.0
+        ok = lost_ok = 1.0
+        for f in self.store_faults:
+            if self._active(f, name):
+                latency, jitter = max(latency, f.latency), max(jitter, f.jitter)
+                ok *= 1 - f.error_rate
+                lost_ok *= 1 - f.lost_reply_rate
+        return latency, jitter, 1 - ok, 1 - lost_ok
+
+    def host_conditions(self, name: str) -> tuple[float, float, float, float]:
+        """open latency, close latency, open error rate, close error rate."""
+        ol = cl = 0.0
+        ook = cok = 1.0
+        for f in self.host_faults:
+            if self._active(f, name):
+                ol, cl = max(ol, f.open_latency), max(cl, f.close_latency)
+                ook *= 1 - f.open_error_rate
+                cok *= 1 - f.close_error_rate
+        return ol, cl, 1 - ook, 1 - cok
+
+    # -- balance -------------------------------------------------------------------
+
+    def is_balanced(self) -> bool:
+        """Every shard open at exactly one live node's host, none above ceil(S/N)."""
+        live = self.live_nodes()
+        if not live:
+            return False
+        share = math.ceil(self.shards / len(live))
+        count = [0] * self.shards
+        for n in self.nodes:
+            if n.status == "crashed":
+                continue
+            for s in n.host.open_now:
+                if not n.live:
+                    return False
+                count[s] += 1
+        if any(c != 1 for c in count):
+            return False
+        return all(len(n.host.open_now) <= share for n in live)
+
+    def host_changed(self) -> None:
+        balanced = self.is_balanced()
+        if balanced != self.balanced:
+            self.balanced = balanced
+            self.record("*", "balanced" if balanced else "unbalanced")
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self, name: str, wall_skew: float = 0.0) -> SimNode:
+        previous = self.node(name)
+        if previous is not None and previous.status in ("running", "leaving"):
+            raise ValueError(f"node {name} is already running")
+        incarnation = sum(1 for n in self.nodes if n.name == name)
+        node = SimNode(self, name, incarnation, wall_skew)
+        self.nodes.append(node)
+        self.record(node.label, "start", value=wall_skew)
+        ctx = contextvars.copy_context()
+        ctx.run(NODE_VAR.set, node)
+        node.task = asyncio.get_running_loop().create_task(
+            node.loop.run(), name=f"sim-{node.label}", context=ctx)
+        node.task.add_done_callback(lambda t: self._ended(node, t))
+        self.host_changed()
+        return node
+
+    def _ended(self, node: SimNode, task: asyncio.Task[None]) -> None:
+        if node.status in ("crashed",):
+            return
+        if task.cancelled():
+            exc: BaseException | None = asyncio.CancelledError()
+        else:
+            exc = task.exception()
+        if exc is not None or node.status != "leaving":
+            self.violations.append(
+                f"{self.now():.3f} {node.label}: the placement loop ended on its own "
+                f"({type(exc).__name__ if exc else 'returned'}: {exc})")
+            node.status = "died"
+            self.record(node.label, "died", detail=repr(exc))
+            self.host_changed()
+
+    def pause(self, node: SimNode, duration: float) -> None:
+        node.had_pause = True
+        node.paused_until = max(node.paused_until, self.now() + duration)
+        self.record(node.label, "pause", value=node.paused_until)
+
+    async def crash(self, node: SimNode) -> None:
+        if node.status in ("crashed", "left", "died"):
+            return
+        held = sorted(
+            s for s, lease in self.read_leases().items()
+            if lease is not None and lease.owner == node.name
+            and lease.incarnation == node.loop.incarnation)
+        node.blackholed = True
+        node.status = "crashed"
+        self.record(node.label, "crash", detail=",".join(map(str, held)))
+        node.host.open_now.clear()
+        self.host_changed()
+        for _ in range(10_000):
+            alive = [t for t in node.tasks if not t.done()]
+            if not alive:
+                return
+            for t in alive:
+                t.cancel()
+            await asyncio.sleep(0)
+        raise SimulationStuck(f"could not kill the tasks of {node.label}")
+
+    def leave(self, node: SimNode) -> asyncio.Task[None] | None:
+        if node.status != "running":
+            return None
+        node.status = "leaving"
+        self.record(node.label, "leave")
+        self.host_changed()
+
+        async def stop() -> None:
+            await node.loop.stop()
+            assert node.task is not None
+            await asyncio.gather(node.task, return_exceptions=True)
+            if node.status != "leaving":
+                return  # crashed while leaving
+            node.status = "left"
+            self.record(node.label, "left")
+            self._check_departed(node)
+
+        ctx = contextvars.copy_context()
+        ctx.run(NODE_VAR.set, node)
+        return asyncio.get_running_loop().create_task(stop(), name=f"sim-leave-{node.label}",
+                                                      context=ctx)
+
+    def _check_departed(self, node: SimNode) -> None:
+        """(g) After a graceful stop: nothing open, no lease, no heartbeat."""
+        t = f"{self.now():.3f} {node.label}"
+        if node.host.open_now:
+            self.violations.append(f"{t}: stopped with shards still open at its host: "
+                                   f"{sorted(node.host.open_now)}")
+        kept = [s for s, lease in self.read_leases().items()
+                if lease is not None and lease.owner == node.name
+                and lease.incarnation == node.loop.incarnation]
+        if kept:
+            self.violations.append(f"{t}: stopped but its leases were not freed: {kept}")
+        found = self.backend.heartbeats.get((CLUSTER, node.name))
+        if found is not None:
+            hb = decode_heartbeat(found[1], CLUSTER, node.name)
+            if hb.incarnation == node.loop.incarnation:
+                self.violations.append(f"{t}: stopped but its heartbeat is still there")
+
+    def read_leases(self) -> dict[int, Lease | None]:
+        out: dict[int, Lease | None] = {}
+        for (c, shard), (version, data) in sorted(self.backend.leases.items()):
+            if c == CLUSTER:
+                out[shard] = stored_lease(data, version, c, shard).record
+        return out
+
+    def snapshot(self) -> Snapshot:
+        live = self.live_nodes()
+        return Snapshot(
+            t=self.now(),
+            live={n.label: n.name for n in live},
+            incarnations={n.label: n.loop.incarnation for n in live},
+            open={n.label: dict(n.host.open_now) for n in live},
+            held={n.label: set(n.loop.held) for n in live},
+            leases=self.read_leases(),
+            lookups={n.label: {s: n.loop.lookup(s) for s in range(self.shards)} for n in live},
+        )
