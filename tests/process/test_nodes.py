@@ -1,0 +1,166 @@
+"""Real `shardlease node` processes on a shared store: fair shares, kill -9,
+SIGSTOP beyond the TTL, SIGTERM. Each test ends with the overlap checker over
+what the recording hosts saw: no shard open on two nodes with valid deadlines
+at once, generations increasing per shard, host calls in order.
+
+Assertions are orderings and invariants (who owns what, what happened before
+what), never durations: every wait is a poll with a generous timeout.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlease.checker import check_events
+
+from .cluster import WAIT, LocalCluster, counts, held_by
+from .conftest import MakeCluster
+
+pytestmark = pytest.mark.slow
+
+NAMES = ["n0", "n1", "n2", "n3"]
+SHARDS = 16
+TTL = 2.0
+
+
+@pytest.fixture(params=["file"])
+def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
+            tmp_path: Path) -> LocalCluster:
+    if request.param == "file":
+        return make_cluster(f"file://{tmp_path / 'store'}", shards=SHARDS, ttl=TTL)
+    raise AssertionError(request.param)
+
+
+def wait_events(cluster: LocalCluster, what: str,
+                ok: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    end = time.monotonic() + WAIT
+    while True:
+        events = cluster.events()
+        if ok(events):
+            return events
+        if time.monotonic() > end:
+            raise AssertionError(f"never recorded: {what} (files in {cluster.workdir})")
+        time.sleep(0.2)
+
+
+def opened_elsewhere(events: list[dict[str, Any]], node: str, after: float) -> set[int]:
+    """Shards another node finished opening after wall time `after`."""
+    return {e["shard"] for e in events
+            if e["event"] == "open_end" and e["node"] != node and e["wall"] > after}
+
+
+def start_balanced(cluster: LocalCluster, names: list[str]) -> list[dict[str, Any]]:
+    for name in names:
+        cluster.start(name)
+    owners = cluster.wait_balanced("after the start")
+    assert set(counts(owners)) == set(names)
+    if SHARDS % len(names) == 0:
+        assert sorted(counts(owners).values()) == [SHARDS // len(names)] * len(names)
+    return owners
+
+
+def stop_and_check(cluster: LocalCluster) -> None:
+    """SIGTERM everything: each exits 0 having freed its leases; then the
+    recording must pass the checker."""
+    codes = cluster.stop_all()
+    assert set(codes.values()) <= {0}, codes
+    assert all(s["owner"] is None for s in cluster.owners())
+    report = cluster.check()
+    assert report.ok, "\n".join(report.violations[:20])
+    assert report.shards == SHARDS
+
+
+def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
+        cluster: LocalCluster) -> None:
+    before = start_balanced(cluster, NAMES)
+    victim = "n1"
+    lost = held_by(before, victim)
+    assert lost
+
+    killed_at = time.time()
+    cluster.kill(victim)
+    survivors = set(NAMES) - {victim}
+    after = cluster.wait_balanced("after kill -9", survivors)
+    for shard, generation in lost.items():
+        assert after[shard]["owner"] in survivors
+        assert after[shard]["generation"] > generation
+    # Owned in the store, and opened on the survivors' hosts too.
+    wait_events(cluster, f"{victim}'s shards opened elsewhere",
+                lambda ev: set(lost) <= opened_elsewhere(ev, victim, killed_at))
+    stop_and_check(cluster)
+
+
+def test_a_node_paused_beyond_the_ttl_is_fenced_and_rejoins(cluster: LocalCluster) -> None:
+    before = start_balanced(cluster, NAMES)
+    victim = "n2"
+    held = held_by(before, victim)
+
+    paused_at = time.time()
+    cluster.signal(victim, signal.SIGSTOP)
+    others = set(NAMES) - {victim}
+    during = cluster.wait_balanced(f"while {victim} is paused", others)
+    assert all(during[s]["generation"] > g for s, g in held.items())
+    wait_events(cluster, f"{victim}'s shards opened elsewhere while it was paused",
+                lambda ev: set(held) <= opened_elsewhere(ev, victim, paused_at))
+
+    resumed_at = time.time()
+    cluster.signal(victim, signal.SIGCONT)
+    # It finds its deadlines passed (self-fence) or its leases taken (lost),
+    # closes every shard it had, and comes back for a fair share.
+    events = wait_events(cluster, f"{victim} closing its old shards after SIGCONT",
+                         lambda ev: set(held) <= {
+                             e["shard"] for e in ev if e["event"] == "close_end"
+                             and e["node"] == victim and e["wall"] > resumed_at})
+    assert any(e["node"] == victim and e["event"] in ("self_fence", "lost")
+               and e["wall"] > resumed_at for e in events)
+    final = cluster.wait_balanced(f"after {victim} resumed", set(NAMES))
+    assert victim in counts(final)
+    # The overlap really happened on the hosts (the new owner opened while the
+    # paused one still had the shard open): only the deadline excuses it.
+    for shard in held:
+        reopened = min(e["wall"] for e in events if e["event"] == "open_end"
+                       and e["shard"] == shard and e["node"] != victim and e["wall"] > paused_at)
+        closed = min(e["wall"] for e in events if e["event"] == "close_start"
+                     and e["shard"] == shard and e["node"] == victim and e["wall"] > paused_at)
+        assert reopened < closed
+    # Without the paused node's deadlines the checker must call that overlap.
+    blind = [{k: v for k, v in e.items() if k != "deadline_wall" or e["node"] != victim}
+             for e in cluster.events()]
+    assert not check_events(blind).ok
+    stop_and_check(cluster)
+
+
+def test_a_terminated_node_frees_its_leases_before_it_exits(cluster: LocalCluster) -> None:
+    names = NAMES[:3]
+    before = start_balanced(cluster, names)
+    victim = "n0"
+    held = held_by(before, victim)
+
+    assert cluster.terminate(victim) == 0
+    # Freed before the process exited: nothing waits for the TTL.
+    right_after = cluster.owners()
+    assert victim not in counts(right_after)
+    for shard, generation in held.items():
+        assert right_after[shard]["generation"] >= generation  # kept, never reset
+
+    rest = set(names) - {victim}
+    after = cluster.wait_balanced(f"after SIGTERM to {victim}", rest)
+    assert all(after[s]["generation"] > g for s, g in held.items())
+    events = wait_events(cluster, f"{victim}'s shards opened elsewhere",
+                         lambda ev: set(held) <= opened_elsewhere(ev, victim, 0.0))
+    for shard in held:  # closed there before opened here
+        closed = max(e["wall"] for e in events if e["event"] == "close_end"
+                     and e["shard"] == shard and e["node"] == victim)
+        opened = min(e["wall"] for e in events if e["event"] == "open_start"
+                     and e["shard"] == shard and e["node"] != victim
+                     and e["generation"] > held[shard])
+        assert closed < opened
+    assert any(e["event"] == "release" and e["node"] == victim for e in events)
+    stop_and_check(cluster)
+
