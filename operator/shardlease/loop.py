@@ -166,12 +166,17 @@ class PlacementLoop:
         runner = asyncio.create_task(self.runner.run(), name="shardlease-runner")
         try:
             while True:
+                started = self.clock.monotonic()
                 ok = await self._round()
                 if self._stopping and not self.held:
                     break
                 delay = self.options.interval_s if ok else self.options.interval_s / 2
                 if self._stopping:
                     delay = min(delay, self.options.interval_s / 4)
+                # Rounds start every `interval` (start to start): a slow store
+                # must not stretch the time between two renewals by the
+                # length of a round.
+                delay = max(0.0, delay - (self.clock.monotonic() - started))
                 self._wake.clear()
                 waiter = asyncio.create_task(self._wake.wait())
                 try:
