@@ -129,6 +129,10 @@ class PlacementLoop:
         self._live: set[str] = {self.name}
         self._owners: dict[int, Owner] = {}
         self._hb_seq = 0
+        # Held by a heartbeat write and by its deletion: a graceful stop must
+        # not delete the heartbeat while a write of it is on its way.
+        self._hb_lock = asyncio.Lock()
+        self._hb_deleted = False
         self._stopping = False
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -198,6 +202,9 @@ class PlacementLoop:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
             await self._drain_tasks()
+            if not self._hb_deleted:  # stop() could not delete it: try once more
+                with contextlib.suppress(StoreError, TimeoutError):
+                    await asyncio.wait_for(self._delete_heartbeat(), self.options.interval_s)
         finally:
             self._done.set()
 
@@ -209,7 +216,7 @@ class PlacementLoop:
             self._stopping = True
             logger.info("stopping: releasing %d shard(s)", len(self.held))
             try:
-                await self.store.delete_heartbeat(self.cluster, self.name)
+                await self._delete_heartbeat()
             except StoreError as e:
                 logger.warning("could not delete the heartbeat: %s", e)
             self._wake.set()
@@ -235,13 +242,22 @@ class PlacementLoop:
         return ok
 
     async def _heartbeat(self) -> None:
-        self._hb_seq += 1
-        hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
-                       seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
-        try:
-            await self.store.put_heartbeat(hb)
-        except StoreError as e:
-            logger.warning("heartbeat failed: %s", e)
+        async with self._hb_lock:
+            if self._stopping:
+                return
+            self._hb_seq += 1
+            hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
+                           seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
+            try:
+                await self.store.put_heartbeat(hb)
+            except StoreError as e:
+                logger.warning("heartbeat failed: %s", e)
+
+    async def _delete_heartbeat(self) -> None:
+        """After any heartbeat write in flight, so that it cannot land after."""
+        async with self._hb_lock:
+            await self.store.delete_heartbeat(self.cluster, self.name)
+            self._hb_deleted = True
 
     async def _renew_all(self) -> bool:
         """Renew (or, once closed, free) every held lease. False if any failed
