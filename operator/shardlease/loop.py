@@ -233,7 +233,7 @@ class PlacementLoop:
         share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
         self._release_excess(share)
         leases = await self._read_leases()
-        if leases is not None and not self._stopping:
+        if leases is not None and not self._stopping and self.runner.running:
             await self._claim(leases, share)
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
@@ -433,7 +433,10 @@ class PlacementLoop:
         self._max_generation[shard] = generation
         self.held[shard] = _Held(lease, version)
         self._owners[shard] = Owner(shard, self.name, generation)
-        self.runner.start(shard, generation, self._deadline(sent))
+        try:
+            self.runner.start(shard, generation, self._deadline(sent))
+        except RuntimeError as e:  # it ended while we claimed: the lease is freed on the way out
+            raise RunnerDied("the shard runner stopped") from e
         self.telemetry.emit(Claim(cluster=self.cluster, node=self.name, shard=shard,
                                   generation=generation))
 

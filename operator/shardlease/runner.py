@@ -102,13 +102,20 @@ class Runner:
         self._shards: dict[int, _Shard] = {}
         self._wake = asyncio.Event()
         self._failed: BaseException | None = None
+        self._ending = False
+
+    @property
+    def running(self) -> bool:
+        """False once the runner is ending (cancelled or dead): it takes no
+        new shard, since nothing would close it."""
+        return self._failed is None and not self._ending
 
     # -- the loop's side -------------------------------------------------------
 
     def start(self, shard: int, generation: int, deadline: float) -> None:
         """Open a shard just claimed (asynchronously)."""
-        if self._failed is not None:
-            raise RuntimeError("the runner has died") from self._failed
+        if not self.running:
+            raise RuntimeError("the runner has stopped") from self._failed
         if shard in self._shards:
             raise RuntimeError(f"shard {shard} is already in the runner")
         st = _Shard(shard, generation, deadline)
@@ -170,6 +177,7 @@ class Runner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
         finally:
+            self._ending = True
             await self._abort()
 
     async def _abort(self) -> None:
