@@ -11,6 +11,7 @@ Stdlib only. Used by the ``e2e/controlplane`` CLI and by ``tests/k8s/conftest.py
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import ctypes
@@ -24,6 +25,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -468,6 +470,8 @@ class ControlPlane:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not (self.pki / "admin.crt").exists():
             _make_pki(self.pki)
+        if self.die_with_parent:
+            atexit.register(self._kill_procs)
         last: Exception | None = None
         # Ports are picked free then bound by the child: retry on a lost race.
         for _attempt in range(3):
@@ -485,12 +489,15 @@ class ControlPlane:
         raise RuntimeError(f"control plane failed to start: {last}") from last
 
     def _popen(self, argv: list[str], logname: str) -> subprocess.Popen:
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only
+        # use it from the main thread; atexit (in start) covers the rest.
+        pdeath = self.die_with_parent and threading.current_thread() is threading.main_thread()
         logf = open(self.dir / logname, "ab")
         try:
             p = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 cwd=self.dir, start_new_session=True,
-                preexec_fn=_pdeathsig if self.die_with_parent else None)
+                preexec_fn=_pdeathsig if pdeath else None)
         finally:
             logf.close()
         self._procs.append(p)
@@ -550,7 +557,6 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
-            "--v=1",
         ], "kube-apiserver.log")
         self.apiserver_pid = p.pid
         ctx = self.ssl_context()
@@ -686,7 +692,23 @@ def _cmd_build(args: list[str]) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _cli_lock():
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "controlplane.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _cmd_up(args: list[str]) -> int:
+    with _cli_lock():
+        return _up()
+
+
+def _up() -> int:
     sd = default_state_dir()
     cp = ControlPlane.load(sd)
     if cp is not None and all(cp.running().values()) and cp.ready():
@@ -707,6 +729,11 @@ def _cmd_up(args: list[str]) -> int:
 
 
 def _cmd_down(args: list[str]) -> int:
+    with _cli_lock():
+        return _down()
+
+
+def _down() -> int:
     sd = default_state_dir()
     cp = ControlPlane.load(sd)
     if cp is None:
