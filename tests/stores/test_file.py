@@ -370,3 +370,21 @@ async def test_a_write_waits_for_a_lock_held_briefly(tmp_path: Path) -> None:
     os.close(fd)
     new = await asyncio.wait_for(write, timeout=5)
     assert new != version
+
+
+async def test_a_fifo_planted_as_a_lease_is_reported_without_hanging(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.create_lease(make_lease(shard=0))
+    os.mkfifo(store.lease_path(CLUSTER, 2))
+    listed = await asyncio.wait_for(store.list_leases(CLUSTER), timeout=5)
+    assert sorted(listed) == [0, 2]
+    assert listed[2].record is None and listed[2].error and "regular file" in listed[2].error
+
+
+async def test_an_unreadable_heartbeat_file_does_not_hide_the_others(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.put_heartbeat(make_heartbeat("node-a"))
+    (tmp_path / CLUSTER / "heartbeats" / "node-b.json").mkdir()
+    first = await store.list_heartbeats(CLUSTER)
+    assert sorted(first) == ["node-a", "node-b"]
+    assert (await store.list_heartbeats(CLUSTER))["node-b"] == first["node-b"]

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -104,13 +105,27 @@ class FileStore(LeaseStore):
     def _read(self, path: Path) -> tuple[str, bytes] | None:
         """(version, bytes) of a record, or None if it does not exist. Reads at
         most MAX_RECORD_BYTES + 1 bytes, enough to tell an oversize record.
-        Raises OSError (not FileNotFoundError) when the file cannot be read."""
+        Raises OSError when it exists but cannot be read as a regular file."""
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_RECORD_BYTES + 1)
-                st = os.fstat(f.fileno())
+            # O_NONBLOCK: a FIFO planted as a record must not hang the reader.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            chunks: list[bytes] = []
+            left = MAX_RECORD_BYTES + 1
+            while left > 0:
+                chunk = os.read(fd, left)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
         return _version(data, st.st_size, st.st_mtime_ns), data
 
     def _read_current(self, path: Path) -> str | None:
@@ -257,11 +272,12 @@ class FileStore(LeaseStore):
         directory = self.cluster_dir(cluster) / "heartbeats"
         found: dict[str, str] = {}
         for name in self._listdir(directory):
-            path = directory / name
             try:
-                read = self._read(path)
+                read = self._read(directory / name)
             except OSError as e:
-                raise self._fail("read", path, e) from None
+                # Unreadable: a version that never changes, so it looks dead.
+                found[name[: -len(_SUFFIX)]] = f"unreadable-{e.errno}"
+                continue
             if read is not None:  # else deleted while listing
                 found[name[: -len(_SUFFIX)]] = read[0]
         return found
