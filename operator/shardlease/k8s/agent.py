@@ -24,9 +24,10 @@ import kopf
 from aiohttp import web
 from pydantic import ValidationError
 
-from shardlease.errors import ShardleaseError
+from shardlease.errors import ShardleaseError, StoreError
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
+from shardlease.k8s.rest import call
 from shardlease.k8s.spec import ShardSetSpec
 from shardlease.k8s.status import build_status, comparable, merge_conditions
 from shardlease.loop import PlacementLoop
@@ -93,6 +94,12 @@ class Agent:
             settings.posting.enabled = False  # we post aggregated Events ourselves
             settings.watching.server_timeout = 300
             await self.start()
+
+        @kopf.on.login(registry=reg)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            # A registry of our own has none of kopf's default login handlers.
+            return (kopf.login_with_service_account(**kwargs)
+                    or kopf.login_with_kubeconfig(**kwargs))
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
@@ -222,27 +229,37 @@ class Agent:
                 logger.warning("could not publish the ShardSet status: %s", e)
 
     async def publish_once(self, loop: PlacementLoop, spec: ShardSetSpec) -> bool:
+        """Publish the owners if they changed. The write is a JSON patch that
+        tests the resourceVersion, so another writer's conditions are never
+        overwritten with a stale copy; a lost race re-reads and tries once more."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.shardset}"
         body = self.body or {}
-        meta = body.get("metadata") or {}
-        status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
-                              meta.get("generation"), self.pod_name)
-        if self._published is not None and comparable(status) == comparable(self._published):
-            return False
-        status["conditions"] = merge_conditions(
-            status["conditions"], (body.get("status") or {}).get("conditions"),
-            meta.get("generation"))
-        patch = [{"op": "test", "path": "/metadata/resourceVersion",
-                  "value": meta.get("resourceVersion")},
-                 {"op": "add", "path": "/status", "value": status}]
-        path = (f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/"
-                f"{self.shardset}/status")
-        await self._api.call_api(
-            path, "PATCH", header_params={"Content-Type": "application/json-patch+json",
-                                          "Accept": "application/json"},
-            body=patch, auth_settings=["BearerToken"], response_types_map={},
-            _request_timeout=10)
-        self._published = status
-        return True
+        for attempt in range(2):
+            meta = body.get("metadata") or {}
+            status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
+                                  meta.get("generation"), self.pod_name)
+            if self._published is not None and \
+                    comparable(status) == comparable(self._published):
+                return False
+            status["conditions"] = merge_conditions(
+                status["conditions"], (body.get("status") or {}).get("conditions"),
+                meta.get("generation"))
+            patch = [{"op": "test", "path": "/metadata/resourceVersion",
+                      "value": meta.get("resourceVersion")},
+                     {"op": "add", "path": "/status", "value": status}]
+            code, answer = await call(self._api, "PATCH", path + "/status", patch,
+                                      "application/json-patch+json")
+            if code == 200:
+                self._published = status
+                self.body = answer
+                return True
+            if code not in (409, 422) or attempt:
+                raise StoreError(f"status patch refused: {code} {answer.get('message', '')}")
+            code, body = await call(self._api, "GET", path)
+            if code != 200:
+                raise StoreError(f"cannot read ShardSet {self.shardset}: {code} "
+                                 f"{body.get('message', '')}")
+        return False
 
     # -- Kubernetes Events -------------------------------------------------------
 
@@ -292,12 +309,11 @@ class Agent:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            await self._api.call_api(
-                f"/api/v1/namespaces/{self.namespace}/events", "POST",
-                header_params={"Content-Type": "application/json",
-                               "Accept": "application/json"},
-                body=event, auth_settings=["BearerToken"], response_types_map={},
-                _request_timeout=10)
+            code, answer = await call(self._api, "POST",
+                                      f"/api/v1/namespaces/{self.namespace}/events", event)
+            if code >= 300:
+                logger.warning("could not post the %s event: %s %s", reason, code,
+                               answer.get("message", ""))
         except Exception as e:
             logger.warning("could not post the %s event: %s", reason, e)
 

@@ -89,3 +89,33 @@ def run_operator(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def configure_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kopf is chatty at INFO about every watch event; keep its warnings.
+    logging.getLogger("kopf").setLevel(max(logging.WARNING, getattr(logging, level.upper())))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `shardlease agent|operator` (wired into shardlease.cli)."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="shardlease")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    configure_logging()
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as e:
+        print(f"shardlease {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,7 @@ import kopf
 
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import inject, owner_statefulset
+from shardlease.k8s.rest import call
 from shardlease.k8s.spec import inject_wanted, spec_from_annotations
 from shardlease.k8s.status import merge_conditions
 from shardlease.stores.kubernetes import api_client
@@ -73,6 +74,12 @@ class Operator:
             settings.watching.server_timeout = 300
             if self.webhook is not None:
                 settings.admission.server = self.webhook
+
+        @kopf.on.login(registry=reg)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            # A registry of our own has none of kopf's default login handlers.
+            return (kopf.login_with_service_account(**kwargs)
+                    or kopf.login_with_kubeconfig(**kwargs))
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
@@ -166,25 +173,11 @@ class Operator:
                     allow: tuple[int, ...] = (404, 409)) -> tuple[int, dict[str, Any]]:
         """One API call; statuses in `allow` are returned, other failures
         become kopf.TemporaryError (kopf logs them and the next event retries)."""
-        import json
-
-        api = await self.api()
-        resp = await api.call_api(
-            path, method, header_params={"Content-Type": content_type,
-                                         "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"], _preload_content=False,
-            _request_timeout=15)
-        if isinstance(resp, tuple):
-            resp = resp[0]
-        try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        payload = json.loads(data) if data else {}
-        if resp.status >= 400 and resp.status not in allow:
+        status, payload = await call(await self.api(), method, path, body, content_type)
+        if status >= 400 and status not in allow:
             raise kopf.TemporaryError(
-                f"{method} {path}: {resp.status} {payload.get('message', '')}", delay=10)
-        return resp.status, payload
+                f"{method} {path}: {status} {payload.get('message', '')}", delay=10)
+        return status, payload
 
     def _shardset_path(self, ns: str, name: str | None = None) -> str:
         base = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}"

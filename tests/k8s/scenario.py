@@ -1,0 +1,198 @@
+"""Helpers for the operator scenario on the real control plane.
+
+There is no kubelet and no controller-manager: the tests create the
+StatefulSet's pods themselves (with the owner reference the StatefulSet
+controller would set), mark them Running and Ready through the status
+subresource, and run the agents as local processes, one per pod, each with
+its own application (a recording HTTP host) on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from aiohttp import web
+from kubernetes_asyncio import client
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "shardlease.io_shardsets.yaml"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def eventually(check: Callable[[], Awaitable[T]], what: str, timeout: float = 60.0,
+                     every: float = 0.5) -> T:
+    """Poll until `check` returns a truthy value; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = await check()
+        except Exception as e:  # a poll may race with a restart; keep polling
+            last = e
+        if last and not isinstance(last, Exception):
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                                 f"last: {last!r}")
+        await asyncio.sleep(every)
+
+
+async def apply_crd(api: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        await ext.create_custom_resource_definition(body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+
+    async def established() -> bool:
+        crd = await ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True"
+                   for c in crd.status.conditions or [])
+    await eventually(established, "the ShardSet CRD to be established", 30)
+
+
+def statefulset(name: str, namespace: str, annotations: dict[str, str],
+                replicas: int = 3) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "serviceName": name, "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}},
+        },
+    }
+
+
+def pod_for(sts: dict[str, Any], ordinal: int) -> dict[str, Any]:
+    meta = sts["metadata"]
+    template = sts["spec"]["template"]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": f"{meta['name']}-{ordinal}", "namespace": meta["namespace"],
+            "labels": dict(template["metadata"]["labels"]),
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                 "name": meta["name"], "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": json.loads(json.dumps(template["spec"])),
+    }
+
+
+async def mark_ready(api: client.ApiClient, namespace: str, name: str, ready: bool = True) -> None:
+    core = client.CoreV1Api(api)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {"status": {
+        "phase": "Running", "podIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                        "lastTransitionTime": now}]}}
+    await core.patch_namespaced_pod_status(name, namespace, status)
+
+
+@dataclass
+class RecordingApp:
+    """One pod's application: records open/close calls (the HTTP host protocol)."""
+
+    pod: str
+    log: list[dict[str, Any]]
+    port: int = field(default_factory=free_port)
+    open: dict[int, int] = field(default_factory=dict)
+    runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes([web.post("/shards/{shard}/{action}", self.handle)])
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        shard = int(request.match_info["shard"])
+        action = request.match_info["action"]
+        body = await request.json()
+        if action == "open":
+            self.open[shard] = int(body["generation"])
+        elif action == "close":
+            self.open.pop(shard, None)
+        else:
+            return web.Response(status=404)
+        self.log.append({"pod": self.pod, "action": action, "shard": shard,
+                         "generation": body.get("generation"), "t": time.monotonic()})
+        return web.json_response({"ok": True})
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    async def wait(self, within: float = 30.0) -> int:
+        """Wait for the exit without blocking the event loop (the apps live on it)."""
+        deadline = time.monotonic() + within
+        while (code := self.popen.poll()) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not exit within {within:.0f}s")
+            await asyncio.sleep(0.1)
+        return code
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def spawn(name: str, args: list[str], logdir: Path, env: dict[str, str] | None = None) -> Proc:
+    log = logdir / f"{name}.log"
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "shardlease.k8s.commands", *args],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
+    return Proc(name, popen, log)
+
+
+def make_webhook_cert(directory: Path) -> bytes:
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt"),
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True)
+    return (directory / "tls.crt").read_bytes()

@@ -1,0 +1,278 @@
+"""The whole Kubernetes scenario on a real kube-apiserver: opt in by annotation,
+sidecar injection by the webhook, agents converging to fair shares, status on
+the ShardSet, failover after kill -9, a graceful move on SIGTERM, a bad
+annotation reported, opting out.
+
+The operator and the agents run as local processes (no kubelet here).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from .conftest import cpmod
+from .scenario import (
+    Proc,
+    RecordingApp,
+    apply_crd,
+    eventually,
+    free_port,
+    make_webhook_cert,
+    mark_ready,
+    pod_for,
+    spawn,
+    statefulset,
+)
+
+SHARDS = 8
+TTL = 3.0
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+
+pytestmark = pytest.mark.slow
+
+
+async def get_shardset(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, name)
+    return obj
+
+
+def condition(shardset: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in (shardset.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def kubectl(kubeconfig: str, *args: str) -> str:
+    out = subprocess.run([str(cpmod.binary_path("kubectl")), "--kubeconfig", kubeconfig, *args],
+                         check=True, capture_output=True, text=True, timeout=60)
+    return out.stdout
+
+
+async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    api = api_client
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    await apply_crd(api)
+    procs: list[Proc] = []
+    apps_by_pod: dict[str, RecordingApp] = {}
+    calls: list[dict[str, Any]] = []
+    try:
+        # -- the operator, with its webhook registered on loopback ------------
+        cert = make_webhook_cert(tmp_path / "certs")
+        port = free_port()
+        procs.append(spawn("operator", [
+            "operator", "--namespace", namespace, "--agent-image", "shardlease:test",
+            "--webhook-cert-dir", str(tmp_path / "certs"), "--webhook-addr", "127.0.0.1",
+            "--webhook-port", str(port), "--liveness", ""], tmp_path))
+        await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
+            "metadata": {"name": f"shardlease-{namespace}"},
+            "webhooks": [{
+                "name": "inject-agent.shardlease.io",
+                "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-agent",
+                                 "caBundle": base64.b64encode(cert).decode()},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                      namespace}},
+                "failurePolicy": "Ignore", "sideEffects": "None",
+                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
+            }]})
+
+        # -- opt in -----------------------------------------------------------
+        sts = await apps.create_namespaced_stateful_set(namespace, statefulset("db", namespace, {
+            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL)}))
+        sts_body = api.sanitize_for_serialization(sts)
+
+        async def shardset_created() -> dict[str, Any] | None:
+            try:
+                return await get_shardset(api, namespace, "db")
+            except client.ApiException:
+                return None
+        shardset = await eventually(shardset_created, "the operator to create the ShardSet")
+        assert shardset["spec"]["shards"] == SHARDS
+        assert shardset["spec"]["store"] == f"kubernetes://{namespace}"
+        assert shardset["spec"]["selector"] == {"app": "db"}
+        refs = shardset["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [
+            ("StatefulSet", "db", sts.metadata.uid)]
+        rb = await client.RbacAuthorizationV1Api(api).read_namespaced_role_binding(
+            "shardlease-agent-db", namespace)
+        assert rb.role_ref.name == "shardlease-agent"
+        assert [(s.kind, s.name) for s in rb.subjects] == [("ServiceAccount", "default")]
+
+        # -- pods: injected by the webhook, then made Running and Ready ----------
+        async def pod_created_with_agent() -> Any:
+            # The webhook may need a moment to start serving after the operator.
+            name = "db-0"
+            try:
+                await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            except client.ApiException:
+                pass
+            await eventually(lambda: _gone(core, namespace, name), "pod db-0 to go", 20)
+            pod = await core.create_namespaced_pod(namespace, pod_for(sts_body, 0))
+            names = [c.name for c in pod.spec.containers]
+            return pod if "shardlease-agent" in names else None
+        pod0 = await eventually(pod_created_with_agent, "the webhook to inject the agent",
+                                timeout=60, every=2)
+        agent = next(c for c in pod0.spec.containers if c.name == "shardlease-agent")
+        assert agent.image == "shardlease:test"
+        assert agent.args[:3] == ["agent", "--shardset", "db"]
+        app_container = next(c for c in pod0.spec.containers if c.name == "app")
+        assert app_container.lifecycle.pre_stop.http_get.path == "/drain"
+        for i in (1, 2):
+            await core.create_namespaced_pod(namespace, pod_for(sts_body, i))
+        # A pod of a StatefulSet that did not opt in is never touched.
+        other = await apps.create_namespaced_stateful_set(
+            namespace, statefulset("web", namespace, {}))
+        plain = await core.create_namespaced_pod(
+            namespace, pod_for(api.sanitize_for_serialization(other), 0))
+        assert [c.name for c in plain.spec.containers] == ["app"]
+
+        pods = ["db-0", "db-1", "db-2"]
+        for name in pods:
+            await mark_ready(api, namespace, name)
+
+        # -- one agent per pod, each with its application -----------------------
+        agents: dict[str, Proc] = {}
+        for name in pods:
+            app = RecordingApp(name, calls)
+            await app.start()
+            apps_by_pod[name] = app
+            agents[name] = spawn(f"agent-{name}", [
+                "agent", "--shardset", "db", "--namespace", namespace, "--name", name,
+                "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{app.port}"],
+                tmp_path)
+            procs.append(agents[name])
+
+        async def balanced(live: list[str]) -> dict[str, Any] | None:
+            ss = await get_shardset(api, namespace, "db")
+            st = ss.get("status") or {}
+            owners = st.get("owners") or {}
+            cond = condition(ss, "Balanced")
+            share = math.ceil(SHARDS / len(live))
+            counts = Counter(owners.values())
+            ok = (len(owners) == SHARDS and set(owners.values()) <= set(live)
+                  and max(counts.values(), default=0) <= share
+                  and cond is not None and cond["status"] == "True"
+                  and st.get("liveNodes") == len(live))
+            return ss if ok else None
+
+        ss = await eventually(lambda: balanced(pods), "fair shares across 3 pods", 90)
+        assert ss["status"]["publishedBy"] in pods
+        assert set(ss["status"]["generations"]) == {str(s) for s in range(SHARDS)}
+        # What the applications were told agrees with the status.
+        opened = {s: p for p, a in apps_by_pod.items() for s in a.open}
+        assert opened == {int(s): p for s, p in ss["status"]["owners"].items()}
+
+        table = kubectl(kubeconfig, "get", "shardsets", "-n", namespace)
+        header, row = table.splitlines()[:2]
+        assert header.split() == ["NAME", "SHARDS", "OWNED", "LIVE", "BALANCED", "AGE"]
+        assert row.split()[:5] == ["db", str(SHARDS), str(SHARDS), "3", "True"]
+        leases = kubectl(kubeconfig, "get", "leases", "-n", namespace,
+                         "-l", "shardlease.io/cluster=db,shardlease.io/kind=shard", "-o", "name")
+        assert len(leases.split()) == SHARDS
+
+        # -- kill -9 one agent (its pod is gone too): its shards reopen elsewhere --
+        victim = "db-1"
+        agents[victim].signal(signal.SIGKILL)
+        await agents[victim].wait()
+        await core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+        live = ["db-0", "db-2"]
+        await eventually(lambda: balanced(live), "failover to db-0 and db-2", 90)
+        assert not _open_twice(apps_by_pod, exclude=victim)
+
+        # -- SIGTERM one: it frees its leases, the other takes them ----------------
+        leaving = "db-2"
+        before = {s for s, p in (await get_shardset(api, namespace, "db"))["status"]
+                  ["owners"].items() if p == leaving}
+        assert before
+        agents[leaving].signal(signal.SIGTERM)
+        assert await agents[leaving].wait(60) == 0, agents[leaving].tail()
+        assert apps_by_pod[leaving].open == {}  # every shard closed before exit
+        coord = client.CoordinationV1Api(api)
+        for s in before:
+            lease = await coord.read_namespaced_lease(f"shardlease-db-{s}", namespace)
+            # Freed (no holder) or already taken by db-0: never left to expire.
+            assert lease.spec.holder_identity in (None, "db-0")
+        await core.delete_namespaced_pod(leaving, namespace, grace_period_seconds=0)
+        await eventually(lambda: balanced(["db-0"]), "db-0 to own every shard", 60)
+
+        # Kubernetes Events tell the story on the ShardSet.
+        events = await core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=ShardSet,involvedObject.name=db")
+        reasons = {e.reason for e in events.items}
+        assert {"Claimed", "Released"} <= reasons
+
+        # -- a malformed annotation: Warning Event and a False condition ----------
+        await apps.patch_namespaced_stateful_set(
+            "db", namespace, {"metadata": {"annotations": {"shardlease.io/shards": "lots"}}})
+
+        async def reported() -> bool:
+            ss = await get_shardset(api, namespace, "db")
+            cond = condition(ss, "Configured")
+            evs = await core.list_namespaced_event(
+                namespace, field_selector="involvedObject.kind=StatefulSet,"
+                "involvedObject.name=db,reason=InvalidAnnotation")
+            return bool(cond and cond["status"] == "False" and "lots" in cond["message"]
+                        and evs.items and evs.items[0].type == "Warning")
+        await eventually(reported, "the bad annotation to be reported")
+        # The last good spec stays, and the placement goes on.
+        assert (await get_shardset(api, namespace, "db"))["spec"]["shards"] == SHARDS
+        assert agents["db-0"].popen.poll() is None
+        assert all(p.popen.poll() is None for p in procs if p.name == "operator")
+
+        # -- opting out removes the ShardSet -------------------------------------------
+        await apps.patch_namespaced_stateful_set(
+            "db", namespace, {"metadata": {"annotations": {"shardlease.io/shards": None}}})
+
+        async def removed() -> bool:
+            try:
+                await get_shardset(api, namespace, "db")
+                return False
+            except client.ApiException as e:
+                return e.status == 404
+        await eventually(removed, "the ShardSet to be deleted on opt-out")
+    except BaseException:
+        for p in procs:
+            print(f"----- {p.name} -----\n{p.tail(60)}")
+        raise
+    finally:
+        for p in procs:
+            p.stop()
+        for a in apps_by_pod.values():
+            await a.stop()
+        try:
+            await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
+                f"shardlease-{namespace}")
+        except client.ApiException:
+            pass
+
+
+async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        await core.read_namespaced_pod(name, namespace)
+        return False
+    except client.ApiException as e:
+        return e.status == 404
+
+
+def _open_twice(apps: dict[str, RecordingApp], exclude: str) -> dict[int, list[str]]:
+    seen: dict[int, list[str]] = {}
+    for pod, app in apps.items():
+        if pod == exclude:
+            continue
+        for s in app.open:
+            seen.setdefault(s, []).append(pod)
+    return {s: p for s, p in seen.items() if len(p) > 1}
+
