@@ -14,16 +14,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:  # so that `k8s.conftest` imports however pytest was started
-    sys.path.insert(0, str(TESTS))
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # so that `tests.k8s.conftest` imports however pytest was started
+    sys.path.insert(0, str(ROOT))
 
 # The control plane fixtures, re-exported for the tests of this directory.
-from k8s.conftest import api_client, controlplane, cpmod, kubeconfig, namespace  # noqa: E402
+from tests.k8s.conftest import (  # noqa: E402
+    api_client,
+    controlplane,
+    cpmod,
+    kubeconfig,
+    namespace,
+)
 
 __all__ = ["api_client", "controlplane", "kubeconfig", "namespace"]
 
-ROOT = TESTS.parent
 CHART = ROOT / "charts" / "shardlease"
 
 

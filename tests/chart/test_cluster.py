@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -40,7 +41,7 @@ def _uid() -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(helm, kubectl, kubeconfig) -> Cluster:
+def cluster(helm, kubectl, kubeconfig) -> Iterator[Cluster]:
     out = helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NS,
                    "--create-namespace", kubeconfig=kubeconfig).stdout
     kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
@@ -54,8 +55,16 @@ def cluster(helm, kubectl, kubeconfig) -> Cluster:
     kubectl.run("create", "rolebinding", "shardlease-agent-web", "-n", app,
                 f"--clusterrole={AGENT_ROLE}", f"--serviceaccount={app}:web",
                 f"--as={OPERATOR_SA}")
-    return Cluster(app=app, other=other, agent=f"system:serviceaccount:{app}:web",
-                   install_output=out)
+    yield Cluster(app=app, other=other, agent=f"system:serviceaccount:{app}:web",
+                  install_output=out)
+    # Leave no webhook configuration or cluster roles behind for other tests
+    # that might share this control plane (helm keeps the CRD, by design).
+    helm.run("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", kubeconfig=kubeconfig)
+    for kind, name in (("mutatingwebhookconfiguration", WEBHOOK_CONFIG),
+                       ("clusterrole", AGENT_ROLE), ("clusterrole", "shardlease-operator"),
+                       ("clusterrolebinding", "shardlease-operator")):
+        proc = kubectl.run("get", kind, name, check=False)
+        assert proc.returncode != 0 and "NotFound" in proc.stderr, f"{kind} {name} left behind"
 
 
 def test_install_prints_the_notes(cluster):
