@@ -196,3 +196,68 @@ def make_webhook_cert(directory: Path) -> bytes:
          "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
         check=True, capture_output=True)
     return (directory / "tls.crt").read_bytes()
+
+
+CHART = ROOT / "charts" / "shardlease"
+
+
+def chart_cluster_roles(helm: str, home: Path) -> list[dict[str, Any]]:
+    """The ClusterRoles the Helm chart ships, rendered by the real helm."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CONFIG_HOME": str(home / "c"),
+           "HELM_CACHE_HOME": str(home / "k"), "HELM_DATA_HOME": str(home / "d")}
+    out = subprocess.run([helm, "template", "shardlease", str(CHART), "--namespace",
+                          "shardlease-system"], env=env, check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    return [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "ClusterRole"]
+
+
+async def apply_cluster_roles(api: client.ApiClient, roles: list[dict[str, Any]]) -> None:
+    rbac = client.RbacAuthorizationV1Api(api)
+    for role in roles:
+        name = role["metadata"]["name"]
+        try:
+            current = await rbac.read_cluster_role(name)
+            role["metadata"]["resourceVersion"] = current.metadata.resource_version
+            await rbac.replace_cluster_role(name, role)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            role["metadata"].pop("resourceVersion", None)
+            await rbac.create_cluster_role(role)
+
+
+async def service_account_kubeconfig(api: client.ApiClient, admin_kubeconfig: str,
+                                     namespace: str, account: str, path: Path) -> str:
+    """A kubeconfig that authenticates as a ServiceAccount with a token from
+    the TokenRequest API: what a pod's mounted token gives it."""
+    core = client.CoreV1Api(api)
+    try:
+        await core.create_namespaced_service_account(
+            namespace, {"metadata": {"name": account}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    token = await core.create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}})
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": account, "user": {"token": token.status.token}}],
+        "contexts": [{"name": account, "context": {"cluster": cluster["name"],
+                                                   "user": account,
+                                                   "namespace": namespace}}],
+        "current-context": account,
+    }))
+    return str(path)
+
+
+async def bind_cluster_role(api: client.ApiClient, namespace: str, role: str,
+                            account: str) -> None:
+    await client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(namespace, {
+        "metadata": {"name": f"{role}-{account}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    })

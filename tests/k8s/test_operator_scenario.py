@@ -23,12 +23,16 @@ from .conftest import cpmod
 from .scenario import (
     Proc,
     RecordingApp,
+    apply_cluster_roles,
     apply_crd,
+    bind_cluster_role,
+    chart_cluster_roles,
     eventually,
     free_port,
     make_webhook_cert,
     mark_ready,
     pod_for,
+    service_account_kubeconfig,
     spawn,
     statefulset,
 )
@@ -68,13 +72,25 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
     apps_by_pod: dict[str, RecordingApp] = {}
     calls: list[dict[str, Any]] = []
     try:
+        # -- RBAC exactly as the Helm chart ships it: the operator and the agents
+        # authenticate as ServiceAccounts, so a missing permission fails here.
+        helm = str(cpmod.ensure_binaries(("helm",))["helm"])
+        await apply_cluster_roles(api, chart_cluster_roles(helm, tmp_path / "helm"))
+        await bind_cluster_role(api, namespace, "shardlease-operator", "shardlease-operator")
+        operator_kc = await service_account_kubeconfig(
+            api, kubeconfig, namespace, "shardlease-operator", tmp_path / "operator.kubeconfig")
+        # The operator binds shardlease-agent to this account itself.
+        agent_kc = await service_account_kubeconfig(
+            api, kubeconfig, namespace, "db-app", tmp_path / "agent.kubeconfig")
+
         # -- the operator, with its webhook registered on loopback ------------
         cert = make_webhook_cert(tmp_path / "certs")
         port = free_port()
         procs.append(spawn("operator", [
             "operator", "--namespace", namespace, "--agent-image", "shardlease:test",
             "--webhook-cert-dir", str(tmp_path / "certs"), "--webhook-addr", "127.0.0.1",
-            "--webhook-port", str(port), "--liveness", ""], tmp_path))
+            "--webhook-port", str(port), "--liveness", ""], tmp_path,
+            env={"KUBECONFIG": operator_kc}))
         await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
             "metadata": {"name": f"shardlease-{namespace}"},
             "webhooks": [{
@@ -90,8 +106,10 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
             }]})
 
         # -- opt in -----------------------------------------------------------
-        sts = await apps.create_namespaced_stateful_set(namespace, statefulset("db", namespace, {
-            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL)}))
+        body = statefulset("db", namespace, {
+            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL)})
+        body["spec"]["template"]["spec"]["serviceAccountName"] = "db-app"
+        sts = await apps.create_namespaced_stateful_set(namespace, body)
         sts_body = api.sanitize_for_serialization(sts)
 
         async def shardset_created() -> dict[str, Any] | None:
@@ -109,7 +127,7 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         rb = await client.RbacAuthorizationV1Api(api).read_namespaced_role_binding(
             "shardlease-agent-db", namespace)
         assert rb.role_ref.name == "shardlease-agent"
-        assert [(s.kind, s.name) for s in rb.subjects] == [("ServiceAccount", "default")]
+        assert [(s.kind, s.name) for s in rb.subjects] == [("ServiceAccount", "db-app")]
 
         # -- pods: injected by the webhook, then made Running and Ready ----------
         async def pod_created_with_agent() -> Any:
@@ -152,7 +170,7 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
             agents[name] = spawn(f"agent-{name}", [
                 "agent", "--shardset", "db", "--namespace", namespace, "--name", name,
                 "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{app.port}"],
-                tmp_path)
+                tmp_path, env={"KUBECONFIG": agent_kc})
             procs.append(agents[name])
 
         async def balanced(live: list[str]) -> dict[str, Any] | None:
