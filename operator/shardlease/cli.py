@@ -680,6 +680,10 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Measure shardlease (figures, not a test).")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes")
     bench.set_defaults(func=_cmd_bench)
+
+    from shardlease.k8s.commands import add_parsers
+
+    add_parsers(sub)  # agent, operator
     return parser
 
 

@@ -183,7 +183,7 @@ def spawn(name: str, args: list[str], logdir: Path, env: dict[str, str] | None =
     log = logdir / f"{name}.log"
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     popen = subprocess.Popen(
-        [sys.executable, "-m", "shardlease.k8s.commands", *args],
+        [sys.executable, "-m", "shardlease", *args],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
     return Proc(name, popen, log)
 

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from shardlease.errors import ConfigError
@@ -24,7 +26,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                        help="HTTP port for /healthz, /readyz, /metrics, /lookup, /drain")
     agent.add_argument("--host-url", help="override the ShardSet's host URL")
     agent.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
-    agent.set_defaults(func=run_agent)
+    agent.set_defaults(func=_guarded(run_agent))
 
     op = sub.add_parser(
         "operator", help="the cluster operator (opt-in by annotation, sidecar injection)",
@@ -40,7 +42,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                     help="kopf's liveness endpoint URL ('' to disable)")
     op.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
-    op.set_defaults(func=run_operator)
+    op.set_defaults(func=_guarded(run_operator))
+
+
+def _guarded(command: Callable[[argparse.Namespace], int]
+             ) -> Callable[[argparse.Namespace], int]:
+    """Logging set up, and a wrong option reported in one line (exit 2), no traceback."""
+    def run(args: argparse.Namespace) -> int:
+        configure_logging()
+        try:
+            return command(args)
+        except ConfigError as e:
+            print(f"shardlease {args.command}: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    return run
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -100,21 +117,12 @@ def configure_logging(level: str = "info") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `shardlease agent|operator` (wired into shardlease.cli)."""
-    import sys
-
+    """`python -m shardlease.k8s.commands agent|operator` (the same as `shardlease ...`)."""
     parser = argparse.ArgumentParser(prog="shardlease")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    configure_logging()
-    try:
-        code: int = args.func(args)
-        return code
-    except ConfigError as e:
-        print(f"shardlease {args.command}: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    code: int = args.func(args)
+    return code
 
 
 if __name__ == "__main__":
