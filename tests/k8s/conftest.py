@@ -37,14 +37,16 @@ cpmod = _load_controlplane()
 @pytest.fixture(scope="session")
 def controlplane():
     """A running ControlPlane (etcd + kube-apiserver) for the whole session."""
+    error = None
     try:
         cpmod.ensure_binaries(("etcd", "kube-apiserver"))
-    except cpmod.BuildError as e:
-        pytest.fail(f"cannot build the control plane binaries:\n{e}", pytrace=False)
-    try:
         cp = cpmod.ControlPlane().start()
+    except cpmod.BuildError as e:
+        error = f"cannot build the control plane binaries:\n{e}"
     except RuntimeError as e:
-        pytest.fail(f"cannot start the control plane:\n{e}", pytrace=False)
+        error = f"cannot start the control plane:\n{e}"
+    if error:  # outside `except`: one clear message, no chained traceback
+        pytest.fail(error, pytrace=False)
     try:
         yield cp
     finally:
