@@ -1,0 +1,786 @@
+"""An example sharded application: a key-value service fenced by the lease generation.
+
+Run it beside a shardlease agent (or a ``shardlease node --host http://...``)::
+
+    python -m shardlease.examples.shardapp --port 8080 --shards 16 \\
+        --store 's3://bucket/prefix?endpoint=http://127.0.0.1:9000&path_style=true'
+
+It speaks the sidecar's HTTP host protocol (any 2xx is success)::
+
+    POST /shards/{shard}/open   {"shard": S, "generation": G}
+    POST /shards/{shard}/close  {"shard": S}
+
+and serves its own API::
+
+    PUT /kv/{key}    the request body (UTF-8 text) becomes the key's value
+    GET /kv/{key}    the value (404 if the key has no value)
+    GET /shards      the shards open here, their generations, counters
+    GET /healthz
+
+A key belongs to shard ``shardlease.routing.shard_for_key(key, shards)``. A
+request for a shard this instance does not have open answers 421 Misdirected
+Request, with a hint to ask the agent's ``/lookup?key=K``.
+
+Storage and the fencing rule
+----------------------------
+Each shard lives in ONE S3 object, ``<prefix>/data/<shard>.json`` =
+``{"generation": G, "data": {key: value, ...}}``, and every write to it is
+conditional, so that at most one writer is ever effective:
+
+- open(G) reads the object (or creates it with ``If-None-Match: *``). If the
+  stored generation is above G, a newer owner exists: the open is refused
+  (409). Otherwise it writes the object back with generation G and
+  ``If-Match: <the etag read>``. That write is the fence: from then on, any
+  older owner's next conditional write fails. The etag and the data stay in
+  memory.
+- Every write is a read-modify-write: the in-memory copy is the object at the
+  etag this instance holds; the new object is written with
+  ``If-Match: <that etag>``. If S3 refuses the condition (412, or 409 for a
+  concurrent write), the object is read again: a stored generation above ours
+  means a newer owner opened the shard, so the write is refused with 409
+  "fenced by generation N" and the shard is closed here. It is never retried
+  blindly. (A stored object still at our generation holding exactly what we
+  wrote means our own write landed and its answer was lost, for example
+  under an SDK retry: only the holder of a generation writes that generation,
+  so this is safe to accept.)
+- Reads check the stored object the same way, so a stale owner cannot serve
+  data that a newer owner may already have changed.
+- close: nothing is buffered (each write is in S3 before it is acknowledged),
+  so a close waits for the shard's write in flight, if any, and forgets it.
+
+A node paused beyond its lease TTL (GC pause, SIGSTOP) may still have its app
+believe it owns shards; the generation is what stops it: its next write is
+refused by S3 because the new owner's open changed the object's etag.
+
+The open and close endpoints are accepted only from loopback (the agent is a
+sidecar in the same pod) unless ``--allow-remote-control`` is given: anyone
+who can call open can fence the real owner.
+
+Credentials and the default endpoint come from the usual AWS settings
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL_S3``, ...); the store URL takes the same form as
+shardlease's S3 lease store: ``s3://BUCKET[/PREFIX][?endpoint=...&region=...&path_style=...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+from aiobotocore.session import get_session  # type: ignore[import-untyped]
+from aiohttp import web
+from botocore.config import Config  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
+
+from shardlease.errors import ConfigError
+from shardlease.routing import shard_for_key
+
+log = logging.getLogger("shardlease.examples.shardapp")
+
+#: Largest value a PUT may carry, in bytes.
+MAX_VALUE_BYTES = 64 * 1024
+#: Longest key, in characters.
+MAX_KEY_CHARS = 512
+#: Largest shard object this app writes or reads.
+MAX_OBJECT_BYTES = 8 * 1024 * 1024
+#: Largest open/close request body.
+MAX_CONTROL_BYTES = 4096
+#: How many times an open re-reads after losing a race on the object.
+OPEN_ATTEMPTS = 5
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+class AppError(Exception):
+    """An error with the HTTP answer it deserves."""
+
+    status = 500
+    code = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "message": str(self), **self.details}
+
+
+class BadRequest(AppError):
+    status = 400
+    code = "bad_request"
+
+
+class Forbidden(AppError):
+    status = 403
+    code = "forbidden"
+
+
+class TooLarge(AppError):
+    status = 413
+    code = "too_large"
+
+
+class Misdirected(AppError):
+    """The shard is not open on this instance."""
+
+    status = 421
+    code = "misdirected"
+
+
+class NewerOwner(AppError):
+    """open(G) found a generation above G in the store."""
+
+    status = 409
+    code = "newer_owner"
+
+
+class Fenced(AppError):
+    """A write or read found the shard taken by a newer generation."""
+
+    status = 409
+    code = "fenced"
+
+
+class StorageError(AppError):
+    """S3 failed. `applied` says whether a write may have landed: "no" or "unknown"."""
+
+    status = 503
+    code = "storage"
+
+    def __init__(self, message: str, *, applied: str = "no", **details: Any) -> None:
+        super().__init__(message, applied=applied, **details)
+        self.applied = applied
+
+
+class PreconditionFailed(StorageError):
+    """S3 refused a conditional write (412, or 409 ConditionalRequestConflict)."""
+
+
+class _Missing(StorageError):
+    """There is no such object (turned into None by the reader)."""
+
+
+class CorruptObject(StorageError):
+    status = 502
+    code = "corrupt_object"
+
+
+# -- the shard objects in S3 ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A shard object as read (or written): its etag, generation and data."""
+
+    etag: str
+    generation: int
+    data: dict[str, str]
+
+
+def encode_object(generation: int, data: Mapping[str, str]) -> bytes:
+    return json.dumps({"generation": generation, "data": dict(data)},
+                      separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_object(raw: bytes, where: str) -> tuple[int, dict[str, str]]:
+    """(generation, data) of a shard object; `CorruptObject` if it is not one."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptObject(f"{where} is not JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"generation", "data"}:
+        raise CorruptObject(f"{where} must be an object with exactly the fields "
+                            "'generation' and 'data'")
+    generation, data = doc["generation"], doc["data"]
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise CorruptObject(f"{where}: generation must be an integer >= 0, not {generation!r}")
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise CorruptObject(f"{where}: data must map strings to strings")
+    return generation, data
+
+
+class ShardObjects:
+    """The shard objects of one app under ``s3://bucket/prefix/data/``.
+
+    One aiobotocore client, made on first use in the running event loop and
+    closed by `aclose()`. Every failure is an `AppError`.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, path_style: bool | None = None,
+                 connect_timeout: float = 3.0, read_timeout: float = 10.0,
+                 max_attempts: int = 3) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self._config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            s3={"addressing_style": {None: "auto", True: "path", False: "virtual"}[path_style]},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> ShardObjects:
+        """``s3://BUCKET[/PREFIX][?endpoint=...&region=...&path_style=...]``, parsed
+        and checked exactly like shardlease's S3 lease store; `ConfigError` if bad."""
+        from shardlease.stores.s3 import S3Store
+
+        parsed = S3Store.from_url(url)  # validates; makes no client and no request
+        return cls(parsed.bucket, parsed.prefix, endpoint_url=parsed.endpoint_url,
+                   region=parsed.region, path_style=parsed.path_style)
+
+    def key(self, shard: int) -> str:
+        return f"{self.prefix}/data/{shard}.json" if self.prefix else f"data/{shard}.json"
+
+    def describe(self) -> str:
+        where = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") \
+            or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+        return f"s3://{self.bucket}/{self.key(0).rsplit('/', 1)[0]}/ at {where}"
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    session = get_session()
+                    region = (self.region or os.environ.get("AWS_REGION")
+                              or os.environ.get("AWS_DEFAULT_REGION")
+                              or session.get_config_variable("region") or "us-east-1")
+                    stack = contextlib.AsyncExitStack()
+                    self._client = await stack.enter_async_context(session.create_client(
+                        "s3", region_name=region, endpoint_url=self.endpoint_url,
+                        config=self._config))
+                    self._stack = stack
+        return self._client
+
+    async def aclose(self) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _call(self, what: str, shard: int, call: Callable[[Any], Awaitable[Any]], *,
+                    writing: bool) -> Any:
+        """One S3 request; failures become `PreconditionFailed` or `StorageError`.
+        A write that failed after it was sent may have landed: ``applied="unknown"``."""
+        where = f"{what} s3://{self.bucket}/{self.key(shard)}"
+        try:
+            return await call(await self._s3())
+        except ClientError as e:
+            error = e.response.get("Error", {})
+            status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            code = str(error.get("Code") or status)
+            if writing and (status == 412 or code in (
+                    "PreconditionFailed", "ConditionalRequestConflict")):
+                raise PreconditionFailed(f"{where}: S3 refused the condition ({code})",
+                                         s3_code=code) from None
+            if code in ("NoSuchKey", "404") and not writing:
+                raise _Missing(where) from None
+            if writing and code in ("NoSuchKey", "404"):
+                # An If-Match update of an object that is gone: AWS answers 404.
+                raise PreconditionFailed(f"{where}: the object is gone ({code})",
+                                         s3_code=code) from None
+            hint = ""
+            if code == "NoSuchBucket":
+                hint = ": create the bucket first"
+            elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                hint = ": check the credentials and the bucket policy"
+            applied = "unknown" if writing and status >= 500 else "no"
+            raise StorageError(f"{where} failed: {code} (HTTP {status}) "
+                               f"{error.get('Message', '')}{hint}".rstrip(),
+                               applied=applied, s3_code=code) from None
+        except NoCredentialsError:
+            raise StorageError(f"{where}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
+                               "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or a role)") from None
+        except (EndpointConnectionError, ConnectTimeoutError) as e:
+            raise StorageError(f"{where}: cannot reach S3: {e}") from None
+        except (BotoCoreError, OSError, TimeoutError) as e:
+            raise StorageError(f"{where} failed: {type(e).__name__}: {e}",
+                               applied="unknown" if writing else "no") from None
+
+    async def read(self, shard: int) -> Snapshot | None:
+        """The shard's object, or None if there is none."""
+
+        async def get(s3: Any) -> Snapshot:
+            answer = await s3.get_object(Bucket=self.bucket, Key=self.key(shard),
+                                         Range=f"bytes=0-{MAX_OBJECT_BYTES}")
+            async with answer["Body"] as body:
+                raw = await _read_at_most(body, MAX_OBJECT_BYTES + 1)
+            where = f"s3://{self.bucket}/{self.key(shard)}"
+            if len(raw) > MAX_OBJECT_BYTES:
+                raise CorruptObject(f"{where} is larger than {MAX_OBJECT_BYTES} bytes")
+            generation, data = decode_object(raw, where)
+            return Snapshot(_etag(answer.get("ETag", "")), generation, data)
+
+        try:
+            result: Snapshot = await self._call("GetObject", shard, get, writing=False)
+        except _Missing:
+            return None
+        return result
+
+    async def create(self, shard: int, generation: int, data: Mapping[str, str]) -> str:
+        """Create the object (``If-None-Match: *``); its etag."""
+        body = encode_object(generation, data)
+        answer = await self._call("PutObject (create)", shard, lambda s3: s3.put_object(
+            Bucket=self.bucket, Key=self.key(shard), Body=body, IfNoneMatch="*",
+            ContentType="application/json"), writing=True)
+        return _etag(answer.get("ETag", ""))
+
+    async def replace(self, shard: int, generation: int, data: Mapping[str, str],
+                      etag: str) -> str:
+        """Write the object over the version `etag` (``If-Match``); the new etag."""
+        body = encode_object(generation, data)
+        answer = await self._call("PutObject (update)", shard, lambda s3: s3.put_object(
+            Bucket=self.bucket, Key=self.key(shard), Body=body, IfMatch=f'"{etag}"',
+            ContentType="application/json"), writing=True)
+        return _etag(answer.get("ETag", ""))
+
+    async def check(self) -> None:
+        """Is the bucket reachable? Raises `StorageError` with the reason."""
+        await self._call("HeadBucket", 0, lambda s3: s3.head_bucket(Bucket=self.bucket),
+                         writing=False)
+
+
+def _etag(raw: str) -> str:
+    return raw.strip().removeprefix("W/").strip('"')
+
+
+async def _read_at_most(body: Any, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await body.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+# -- the application ----------------------------------------------------------------------------
+
+
+@dataclass
+class OpenShard:
+    """A shard open here: the object at `etag` is exactly (generation, data)."""
+
+    shard: int
+    generation: int
+    etag: str
+    data: dict[str, str]
+    #: A write's outcome is unknown, so `etag` may be stale: re-read before use.
+    unsure: bool = False
+
+
+@dataclass
+class ShardApp:
+    objects: ShardObjects
+    shards: int
+    #: The agent's base URL, for the hint of a 421 (``<agent>/lookup?key=K``).
+    agent_url: str | None = None
+    allow_remote_control: bool = False
+    open_shards: dict[int, OpenShard] = field(default_factory=dict)
+    #: shard -> the generation that fenced it here (cleared by open and close).
+    fenced: dict[int, int | None] = field(default_factory=dict)
+    stats: Counter[str] = field(default_factory=Counter)
+    _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ConfigError("--shards must be at least 1")
+
+    def _lock(self, shard: int) -> asyncio.Lock:
+        return self._locks.setdefault(shard, asyncio.Lock())
+
+    # -- the host protocol ------------------------------------------------------------------
+
+    async def open(self, shard: int, generation: int) -> OpenShard:
+        """Open `shard` at `generation`: fence every older owner, or refuse."""
+        self._check_shard(shard)
+        async with self._lock(shard):
+            self.open_shards.pop(shard, None)
+            for _ in range(OPEN_ATTEMPTS):
+                snap = await self.objects.read(shard)
+                try:
+                    if snap is None:
+                        data: dict[str, str] = {}
+                        etag = await self.objects.create(shard, generation, data)
+                    elif snap.generation > generation:
+                        self.stats["opens_refused"] += 1
+                        raise NewerOwner(
+                            f"shard {shard}: the store holds generation {snap.generation}, "
+                            f"above {generation}: a newer owner exists",
+                            shard=shard, generation=generation,
+                            stored_generation=snap.generation)
+                    else:
+                        data = dict(snap.data)
+                        etag = await self.objects.replace(shard, generation, data, snap.etag)
+                except PreconditionFailed:
+                    continue  # lost a race on the object: read it again and decide again
+                state = self.open_shards[shard] = OpenShard(shard, generation, etag, data)
+                self.fenced.pop(shard, None)
+                self.stats["opens"] += 1
+                log.info("opened shard %d at generation %d (%d keys)", shard, generation,
+                         len(data))
+                return state
+            raise StorageError(f"shard {shard}: the object kept changing during the open "
+                               f"({OPEN_ATTEMPTS} attempts); the shard stays closed")
+
+    async def close(self, shard: int) -> bool:
+        """Close `shard` (after its write in flight); whether it was open."""
+        self._check_shard(shard)
+        async with self._lock(shard):
+            was_open = self.open_shards.pop(shard, None) is not None
+            self.fenced.pop(shard, None)
+        self.stats["closes"] += 1
+        log.info("closed shard %d%s", shard, "" if was_open else " (was not open)")
+        return was_open
+
+    # -- the key-value API -------------------------------------------------------------------
+
+    async def put(self, key: str, value: str) -> OpenShard:
+        """Write key=value; the shard's state after the write."""
+        shard = shard_for_key(key, self.shards)
+        async with self._lock(shard):
+            state = await self._current(shard, key)
+            data = dict(state.data)
+            data[key] = value
+            if len(encode_object(state.generation, data)) > MAX_OBJECT_BYTES:
+                raise TooLarge(f"shard {shard} would exceed {MAX_OBJECT_BYTES} bytes")
+            try:
+                etag = await self.objects.replace(shard, state.generation, data, state.etag)
+            except PreconditionFailed:
+                return self._accepted(await self._after_refusal(state, data))
+            except StorageError as e:
+                if e.applied != "no":
+                    state.unsure = True
+                raise
+            state.etag, state.data = etag, data
+            return self._accepted(state)
+
+    async def get(self, key: str) -> tuple[OpenShard, str | None]:
+        """The key's value, checked against the stored object."""
+        shard = shard_for_key(key, self.shards)
+        async with self._lock(shard):
+            state = await self._current(shard, key)
+            await self._resync(state)
+            return state, state.data.get(key)
+
+    def _accepted(self, state: OpenShard) -> OpenShard:
+        self.stats["writes_accepted"] += 1
+        return state
+
+    async def _current(self, shard: int, key: str) -> OpenShard:
+        state = self.open_shards.get(shard)
+        if state is None:
+            self.stats["misdirected"] += 1
+            details: dict[str, Any] = {"shard": shard, "key": key}
+            hint = "ask the shardlease agent which pod owns it: GET /lookup?key=K on port 8470"
+            if self.agent_url:
+                details["lookup"] = f"{self.agent_url}/lookup?key={quote(key, safe='')}"
+                hint = f"ask the shardlease agent which pod owns it: GET {details['lookup']}"
+            if shard in self.fenced:
+                details["fenced_by"] = self.fenced[shard]
+            raise Misdirected(f"shard {shard} is not open on this instance; {hint}", **details)
+        if state.unsure:
+            await self._resync(state)
+        return state
+
+    async def _resync(self, state: OpenShard) -> None:
+        """Read the object and adopt it if it is still ours; else fence."""
+        snap = await self.objects.read(state.shard)
+        if snap is None or snap.generation != state.generation:
+            self._fence(state, snap)
+        assert snap is not None
+        state.etag, state.data, state.unsure = snap.etag, dict(snap.data), False
+
+    async def _after_refusal(self, state: OpenShard, wanted: dict[str, str]) -> OpenShard:
+        """S3 refused our conditional write: read the object and decide."""
+        try:
+            snap = await self.objects.read(state.shard)
+        except StorageError as e:
+            state.unsure = True
+            raise StorageError(f"shard {state.shard}: a write was refused by S3 and the "
+                               f"object could not be read again: {e}", applied="no") from None
+        if snap is None or snap.generation != state.generation:
+            self._fence(state, snap)
+        assert snap is not None
+        if snap.data == wanted:
+            # Still our generation (only we write it) and exactly what we wrote:
+            # our own write landed and its answer was lost.
+            state.etag, state.data, state.unsure = snap.etag, dict(snap.data), False
+            return state
+        if snap.etag == state.etag:
+            # Refused as concurrent (409), and nothing changed: not applied.
+            raise StorageError(f"shard {state.shard}: S3 refused the write as concurrent; "
+                               "not applied, safe to retry", applied="no", shard=state.shard)
+        # Our generation, but not what we hold nor what we wrote: do not guess.
+        self._fence(state, snap)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fence(self, state: OpenShard, snap: Snapshot | None) -> NoReturn:
+        shard = state.shard
+        self.open_shards.pop(shard, None)
+        by = snap.generation if snap is not None else None
+        self.fenced[shard] = by
+        self.stats["fences"] += 1
+        if snap is None:
+            why = "its object is gone from the store"
+        elif snap.generation > state.generation:
+            why = f"fenced by generation {snap.generation}"
+        else:
+            why = (f"its object changed under generation {state.generation} "
+                   f"(stored generation {snap.generation})")
+        log.warning("shard %d (generation %d): %s; closed here", shard, state.generation, why)
+        raise Fenced(f"shard {shard}: {why}; this instance closed it, the write was refused",
+                     shard=shard, generation=state.generation, fenced_by=by)
+
+    def _check_shard(self, shard: int) -> None:
+        if not 0 <= shard < self.shards:
+            raise BadRequest(f"shard {shard} is out of range 0..{self.shards - 1}")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "open": {str(s): {"generation": st.generation, "keys": len(st.data)}
+                     for s, st in sorted(self.open_shards.items())},
+            "fenced": {str(s): by for s, by in sorted(self.fenced.items())},
+            "stats": dict(self.stats),
+        }
+
+    # -- HTTP -------------------------------------------------------------------------------------
+
+    def web_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_VALUE_BYTES + 1,
+                              middlewares=[_errors_middleware])
+        app.add_routes([
+            web.post("/shards/{shard}/open", self._http_open),
+            web.post("/shards/{shard}/close", self._http_close),
+            web.get("/shards", self._http_shards),
+            web.put("/kv/{key:.+}", self._http_put),
+            web.get("/kv/{key:.+}", self._http_get),
+            web.get("/healthz", self._http_healthz),
+        ])
+        app.cleanup_ctx.append(self._lifetime)
+        return app
+
+    async def _lifetime(self, _: web.Application) -> AsyncIterator[None]:
+        probe = asyncio.create_task(self._probe())
+        yield
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
+        await self.objects.aclose()
+
+    async def _probe(self) -> None:
+        """Say early (in the log) if the bucket cannot be used; serve anyway."""
+        try:
+            await self.objects.check()
+        except AppError as e:
+            log.warning("S3 is not usable yet (opens fail until it is): %s", e)
+        else:
+            log.info("S3 bucket %s is reachable", self.objects.bucket)
+
+    async def _control(self, request: web.Request) -> tuple[int, dict[str, Any]]:
+        if not self.allow_remote_control and not is_loopback(request.remote):
+            raise Forbidden("open and close are accepted from loopback only (the agent is "
+                            "a sidecar); start with --allow-remote-control to change that")
+        try:
+            shard = int(request.match_info["shard"])
+        except ValueError:
+            raise BadRequest(f"shard {request.match_info['shard']!r} is not a number") from None
+        self._check_shard(shard)
+        if request.content_length is not None and request.content_length > MAX_CONTROL_BYTES:
+            raise TooLarge(f"the body is larger than {MAX_CONTROL_BYTES} bytes")
+        raw = await request.content.read(MAX_CONTROL_BYTES + 1)
+        if len(raw) > MAX_CONTROL_BYTES:
+            raise TooLarge(f"the body is larger than {MAX_CONTROL_BYTES} bytes")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as e:
+            raise BadRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        if "shard" in body and body["shard"] != shard:
+            raise BadRequest(f"the body names shard {body['shard']!r}, the path {shard}")
+        return shard, body
+
+    async def _http_open(self, request: web.Request) -> web.Response:
+        shard, body = await self._control(request)
+        generation = body.get("generation")
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise BadRequest(f"generation must be an integer >= 0, not {generation!r}")
+        state = await self.open(shard, generation)
+        return web.json_response({"shard": shard, "generation": state.generation,
+                                  "keys": len(state.data)})
+
+    async def _http_close(self, request: web.Request) -> web.Response:
+        shard, _ = await self._control(request)
+        was_open = await self.close(shard)
+        return web.json_response({"shard": shard, "closed": True, "was_open": was_open})
+
+    async def _http_shards(self, _: web.Request) -> web.Response:
+        return web.json_response(self.describe())
+
+    async def _http_put(self, request: web.Request) -> web.Response:
+        key = _key(request)
+        if request.content_length is not None and request.content_length > MAX_VALUE_BYTES:
+            raise TooLarge(f"a value is at most {MAX_VALUE_BYTES} bytes")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise TooLarge(f"a value is at most {MAX_VALUE_BYTES} bytes") from None
+        try:
+            value = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("the value must be UTF-8 text") from None
+        state = await self.put(key, value)
+        return web.json_response({"key": key, "shard": state.shard,
+                                  "generation": state.generation})
+
+    async def _http_get(self, request: web.Request) -> web.Response:
+        key = _key(request)
+        state, value = await self.get(key)
+        if value is None:
+            return web.json_response({"error": "not_found", "key": key, "shard": state.shard,
+                                      "message": f"no value for {key!r}"}, status=404)
+        return web.json_response({"key": key, "value": value, "shard": state.shard,
+                                  "generation": state.generation})
+
+    async def _http_healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+
+def _key(request: web.Request) -> str:
+    key = request.match_info["key"]
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise BadRequest(f"a key has 1 to {MAX_KEY_CHARS} characters")
+    return key
+
+
+def is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@web.middleware
+async def _errors_middleware(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except AppError as e:
+        if e.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, e)
+        return web.json_response(e.body(), status=e.status)
+    except web.HTTPRequestEntityTooLarge:
+        return web.json_response(TooLarge("the request body is too large").body(), status=413)
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m shardlease.examples.shardapp",
+        description="Example sharded key-value app, fenced by the shardlease generation.")
+    parser.add_argument("--port", type=int, default=8080, help="HTTP port (8080)")
+    parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (0.0.0.0)")
+    parser.add_argument("--store", default=os.environ.get("SHARDAPP_STORE"),
+                        help="s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path_style=true] "
+                             "(default $SHARDAPP_STORE)")
+    parser.add_argument("--shards", type=int,
+                        default=int(os.environ.get("SHARDAPP_SHARDS", "0") or 0),
+                        help="number of shards, as the StatefulSet's annotation "
+                             "(default $SHARDAPP_SHARDS)")
+    parser.add_argument("--agent", default=None, metavar="URL",
+                        help="the shardlease agent, for the hint of a 421 "
+                             "(e.g. http://127.0.0.1:8470)")
+    parser.add_argument("--allow-remote-control", action="store_true",
+                        help="accept open/close from other hosts than loopback")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+async def _watch_parent(pid: int) -> None:
+    while os.getppid() == pid:  # noqa: ASYNC110 - no event for a parent's exit
+        await asyncio.sleep(0.5)
+    log.warning("parent process %d exited: stopping", pid)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s shardapp %(message)s")
+    for noisy in ("botocore", "aiobotocore", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.store:
+        print("shardapp: error: --store s3://BUCKET[/PREFIX] is required", file=sys.stderr)
+        return 2
+    try:
+        objects = ShardObjects.from_url(args.store)
+        app = ShardApp(objects, args.shards, agent_url=(args.agent or "").rstrip("/") or None,
+                       allow_remote_control=args.allow_remote_control)
+    except ConfigError as e:
+        print(f"shardapp: error: {e}", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"shardapp: error: --port {args.port} is not a TCP port", file=sys.stderr)
+        return 2
+    web_app = app.web_app()
+    if args.parent_pid:
+        async def watcher(_: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(_watch_parent(args.parent_pid))
+            yield
+            task.cancel()
+
+        web_app.cleanup_ctx.append(watcher)
+    log.info("serving %d shards on %s:%d, data in %s", args.shards, args.bind, args.port,
+             objects.describe())
+    try:
+        web.run_app(web_app, host=args.bind, port=args.port, access_log=None, print=None,
+                    shutdown_timeout=5)
+    except OSError as e:
+        print(f"shardapp: error: cannot serve on {args.bind}:{args.port}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
