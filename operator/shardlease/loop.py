@@ -293,12 +293,34 @@ class PlacementLoop:
                                                   "ttl": self.ttl})
             sent = self.clock.monotonic()
             try:
-                version = await self.store.write_lease(lease, held.version)
+                version = await self._write_held(held, lease)
             except Conflict:
                 self._lost(shard)
                 return
             held.lease, held.version = lease, version
             self.runner.extend(shard, self._deadline(sent))
+
+    async def _write_held(self, held: _Held, lease: Lease) -> str:
+        """Compare-and-swap a lease this node holds. A conflict may be this
+        node's own earlier write whose answer was lost and could not be
+        recognised then (the read-back failed too): if the record is still
+        this incarnation's, with our generation, nobody else wrote it, so take
+        its version and write once more. Raises `Conflict` when another node
+        wrote the record, `StoreError` when that cannot be told yet."""
+        try:
+            return await self.store.write_lease(lease, held.version)
+        except Conflict:
+            current = await self.store.get_lease(self.cluster, lease.shard)
+            rec = current.record if current is not None else None
+            if current is None or rec is None or rec.owner != self.name \
+                    or rec.incarnation != self.incarnation \
+                    or rec.generation != held.lease.generation \
+                    or current.version == held.version:
+                raise
+            logger.info("shard %d: an earlier write of ours had landed; resuming from it",
+                        lease.shard)
+            held.version = current.version
+        return await self.store.write_lease(lease, held.version)
 
     def _deadline(self, sent: float) -> float:
         return sent + self.ttl - self.options.margin_s
@@ -467,7 +489,7 @@ class PlacementLoop:
                                                   "write_id": new_write_id(),
                                                   "renewed_at": self.clock.wall()})
             try:
-                await self.store.write_lease(lease, held.version)
+                await self._write_held(held, lease)
             except Conflict:
                 self.held.pop(shard, None)
                 self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
