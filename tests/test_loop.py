@@ -18,7 +18,7 @@ from shardlease.runner import State
 from shardlease.sim.fakes import ScriptedStore, StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
 from shardlease.stores.memory import MemoryBackend
-from shardlease.telemetry import Claim, Event, Release, RenewFailed, Round, Telemetry
+from shardlease.telemetry import Claim, Event, Lost, Release, RenewFailed, Round, Telemetry
 
 CLUSTER = "c"
 
@@ -316,3 +316,49 @@ def test_heartbeat_record_decodes() -> None:
 
     hb = Heartbeat(cluster=CLUSTER, node="a", incarnation="i", seq=1, write_id="w")
     assert decode_heartbeat(encode(hb), CLUSTER, "a") == hb
+
+
+@virtual
+async def test_a_renewal_whose_answer_was_lost_is_not_taken_for_a_lost_lease() -> None:
+    # The renewal lands but its answer is lost, and so is the read-back that
+    # would recognise it: the next write conflicts with our own record.
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1).start()
+    await asyncio.sleep(4)
+    a.store.lose_reply["update_lease"] = 1
+    a.store.fail["get_lease"] = 1
+    await asyncio.sleep(2)
+    assert len(a.of(RenewFailed)) == 1
+    await asyncio.sleep(10)
+    assert a.of(Lost) == []
+    assert a.host.ops(0) == ["open", "opened"]  # never closed
+    await a.stop()
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None and rec.generation == 1
+    assert [ev.shard for _, ev in a.of(Release)] == [0]
+
+
+@virtual
+async def test_a_free_after_a_lost_renewal_answer_still_frees_the_lease() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1).start()
+    await asyncio.sleep(4)
+    a.store.lose_reply["update_lease"] = 1
+    a.store.fail["get_lease"] = 1
+    await asyncio.sleep(1.5)  # the renewal at 5 failed that way
+    await a.stop()
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None
+    assert a.of(Lost) == []
+
+
+@virtual
+async def test_a_claim_whose_answer_was_lost_is_recognised() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1)
+    a.store.lose_reply["create_lease"] = 1
+    a.start()
+    await idle()
+    assert a.host.open_now == {0: 1}
+    assert [ev.generation for _, ev in a.of(Claim)] == [1]
+    await a.stop()

@@ -8,8 +8,10 @@ the host would be taken by the runner as a failed open or close and hidden.
 
 `ScriptedStore` is a `MemoryStore` whose calls can be made to fail (`fail`:
 method name -> how many of the next calls fail; `broken`: methods that always
-fail), to be slow (`delay`: method name -> seconds), or to be watched
-(`before`: method name -> hook called with the arguments).
+fail; `lose_reply`: method name -> how many of the next calls are applied and
+then fail, as if the answer was lost), to be slow (`delay`: method name ->
+seconds), or to be watched (`before`: method name -> hook called with the
+arguments).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class ScriptedStore(MemoryStore):
         super().__init__(backend, name)
         self.fail: Counter[str] = Counter()
         self.broken: set[str] = set()
+        self.lose_reply: Counter[str] = Counter()
         self.delay: dict[str, float] = {}
         self.before: dict[str, Callable[..., None]] = {}
         self.calls: list[tuple[float, str]] = []
@@ -135,6 +138,11 @@ class ScriptedStore(MemoryStore):
             self.fail[method] -= 1
             raise StoreError(f"{method} failed")
 
+    def _after(self, method: str) -> None:
+        if self.lose_reply[method] > 0:
+            self.lose_reply[method] -= 1
+            raise StoreError(f"{method}: the reply was lost")
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         await self._gate("list_leases", cluster)
         return await super().list_leases(cluster)
@@ -145,11 +153,15 @@ class ScriptedStore(MemoryStore):
 
     async def create_lease(self, lease: Lease) -> str:
         await self._gate("create_lease", lease)
-        return await super().create_lease(lease)
+        version = await super().create_lease(lease)
+        self._after("create_lease")
+        return version
 
     async def update_lease(self, lease: Lease, version: str) -> str:
         await self._gate("update_lease", lease, version)
-        return await super().update_lease(lease, version)
+        new = await super().update_lease(lease, version)
+        self._after("update_lease")
+        return new
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         await self._gate("list_heartbeats", cluster)
@@ -158,6 +170,7 @@ class ScriptedStore(MemoryStore):
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self._gate("put_heartbeat", heartbeat)
         await super().put_heartbeat(heartbeat)
+        self._after("put_heartbeat")
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         await self._gate("delete_heartbeat", cluster, node)
