@@ -4,9 +4,10 @@ several OS processes sharing one directory, paths, permissions and names."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import os
+import random
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shardlease.errors import ConfigError, Conflict, StoreError
-from shardlease.records import MAX_RECORD_BYTES, encode
+from shardlease.records import encode
+from shardlease.stores import file as file_store
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.file import FileStore
@@ -32,9 +34,11 @@ from .contract import (
 
 
 def plant(store: FileStore, cluster: str, shard: int, data: bytes) -> None:
-    path = store.lease_path(cluster, shard)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    store.put_raw_lease(cluster, shard, data)
+
+
+def lease_files(store: FileStore, shard: int, cluster: str = CLUSTER) -> list[str]:
+    return sorted(p.name for p in store.lease_dir(cluster, shard).iterdir())
 
 
 class TestFileStore(StoreContract):
@@ -150,11 +154,14 @@ async def test_processes_hammering_one_lease_lose_no_update(tmp_path: Path) -> N
     wins = sum(int(o) for o in outputs)
     final = valid(await store.get_lease("hammer", 0))
     # Every successful swap raised the generation by one from the version it
-    # read: any lost update would leave the generation below the wins.
+    # read: a lost update would leave the generation below the wins. (A swap
+    # reported as a Conflict although it landed would leave it above: that
+    # takes more than _KEEP swaps by others between one's link and listing.)
     assert final.generation == wins
     assert 0 < wins <= 6 * 3 * 40
-    leftovers = [p.name for p in (root / "hammer" / "leases").iterdir() if p.name != "0.json"]
-    assert leftovers == [], "temporary files were left behind"
+    names = [p.name for p in (root / "hammer" / "leases" / "0").iterdir()]
+    assert not [n for n in names if n.startswith(".")], "temporary files were left behind"
+    assert len(names) <= file_store._KEEP + 1, "old versions were not collected"
 
 
 @pytest.mark.slow
@@ -199,7 +206,7 @@ async def test_directories_are_created_on_the_first_write(tmp_path: Path) -> Non
     assert await store.list_leases(CLUSTER) == {}
     assert not root.exists(), "a read must not create the store"
     await store.create_lease(make_lease(shard=0))
-    assert (root / CLUSTER / "leases" / "0.json").is_file()
+    assert (root / CLUSTER / "leases" / "0" / "1.json").is_file()
 
 
 async def test_a_root_that_cannot_be_created_is_a_store_error_naming_the_path(
@@ -241,11 +248,15 @@ async def test_check_creates_the_root_and_leaves_nothing_behind(tmp_path: Path) 
     await store.check()  # and again, on the existing root
 
 
-async def test_the_version_is_a_hash_of_the_stored_bytes(tmp_path: Path) -> None:
+async def test_the_version_is_the_sequence_number_and_a_hash_of_the_stored_bytes(
+        tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     version = await store.create_lease(make_lease(shard=0))
-    data = store.lease_path(CLUSTER, 0).read_bytes()
-    assert version == hashlib.sha256(data).hexdigest()[:32]
+    data = (store.lease_dir(CLUSTER, 0) / "1.json").read_bytes()
+    assert version == "1-" + hashlib.sha256(data).hexdigest()[:32]
+    version = await store.update_lease(rewrite(make_lease(shard=0)), version)
+    data = (store.lease_dir(CLUSTER, 0) / "2.json").read_bytes()
+    assert version == "2-" + hashlib.sha256(data).hexdigest()[:32]
 
 
 async def test_every_call_counts_exactly_one_request(tmp_path: Path) -> None:
@@ -285,24 +296,30 @@ async def test_cluster_names_that_are_not_one_safe_file_name_are_refused(
 
 async def test_temporary_and_stray_files_are_not_listed(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
-    await store.create_lease(make_lease(shard=1))
+    lease = make_lease(shard=1)
+    version = await store.create_lease(lease)
     await store.put_heartbeat(make_heartbeat("node-a"))
     leases = tmp_path / CLUSTER / "leases"
     beats = tmp_path / CLUSTER / "heartbeats"
-    for directory in (leases, beats):
+    for directory in (leases, leases / "1", beats):
         (directory / ".tmp-0123").write_bytes(b"half written")
         (directory / "notes.txt").write_text("hello")
-    (leases / "01.json").write_bytes(encode(make_lease(shard=1)))
-    (leases / "-1.json").write_bytes(b"{}")
-    (leases / "abc.json").write_bytes(b"{}")
-    assert sorted(await store.list_leases(CLUSTER)) == [1]
+    for name in ("01", "-1", "abc", "2.json"):
+        (leases / name).mkdir()
+        (leases / name / "1.json").write_bytes(encode(make_lease(shard=1)))
+    for name in ("02.json", "0.json", "x.json"):
+        (leases / "1" / name).write_bytes(b"{}")
+    listed = await store.list_leases(CLUSTER)
+    assert sorted(listed) == [1]
+    assert listed[1].version == version and valid(listed[1]) == lease
     assert sorted(await store.list_heartbeats(CLUSTER)) == ["node-a"]
 
 
 async def test_files_vanishing_while_listing_are_skipped(tmp_path: Path) -> None:
     class Vanishing(FileStore):
         def _listdir(self, directory: Path) -> list[str]:
-            return [*super()._listdir(directory), "9.json", "ghost.json"]
+            extra = ["ghost.json"] if directory.name == "heartbeats" else ["9"]
+            return [*super()._listdir(directory), *extra]
 
     store = Vanishing(tmp_path)
     await store.create_lease(make_lease(shard=1))
@@ -311,71 +328,173 @@ async def test_files_vanishing_while_listing_are_skipped(tmp_path: Path) -> None
     assert sorted(await store.list_heartbeats(CLUSTER)) == ["node-a"]
 
 
+async def test_a_version_collected_between_listing_and_reading_is_read_again(
+        tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    lease = make_lease(shard=0)
+    await store.create_lease(lease)
+    first = True
+
+    class Racing(FileStore):
+        def _seqs(self, directory: Path) -> list[int]:
+            nonlocal first
+            seqs = super()._seqs(directory)
+            if first:  # as if another writer moved on and collected it meanwhile
+                first = False
+                return [*seqs, 99]
+            return seqs
+
+    got = await Racing(tmp_path).get_lease(CLUSTER, 0)
+    assert got is not None and valid(got) == lease and got.version.startswith("1-")
+
+
 async def test_an_unreadable_lease_file_is_reported_and_the_others_still_listed(
         tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     good = make_lease(shard=0)
     await store.create_lease(good)
-    store.lease_path(CLUSTER, 3).mkdir()  # a directory where a lease file should be
+    store.lease_dir(CLUSTER, 3).mkdir(parents=True)
+    (store.lease_dir(CLUSTER, 3) / "1.json").mkdir()  # a directory where a record should be
     listed = await store.list_leases(CLUSTER)
     assert sorted(listed) == [0, 3]
     assert valid(listed[0]) == good
-    assert listed[3].record is None and listed[3].error and "3.json" in listed[3].error
+    assert listed[3].record is None and listed[3].error and "1.json" in listed[3].error
     entry = await store.get_lease(CLUSTER, 3)
     assert entry is not None and entry.record is None
     with pytest.raises(StoreError):
         await store.update_lease(make_lease(shard=3), listed[3].version)
 
 
-async def test_rewriting_the_tail_of_an_oversize_record_changes_its_version(
+async def test_old_versions_are_collected_and_no_temporary_file_is_left(
         tmp_path: Path) -> None:
     store = FileStore(tmp_path)
-    head = b"x" * (MAX_RECORD_BYTES + 1)
-    plant(store, CLUSTER, 0, head + b"first tail")
-    first = await store.get_lease(CLUSTER, 0)
-    plant(store, CLUSTER, 0, head + b"a longer second tail")
-    second = await store.get_lease(CLUSTER, 0)
-    assert first is not None and second is not None
-    assert first.record is None and second.record is None
-    assert first.version != second.version
-
-
-async def test_a_write_waiting_too_long_for_the_lock_fails_without_writing(
-        tmp_path: Path) -> None:
-    store = FileStore(tmp_path, lock_timeout=0.2)
     lease = make_lease(shard=0)
     version = await store.create_lease(lease)
-    fd = os.open(tmp_path / CLUSTER / ".lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # another writer, stuck
-        with pytest.raises(StoreError, match="lock") as caught:
-            await store.update_lease(rewrite(lease), version)
-        assert not isinstance(caught.value, Conflict)
-    finally:
-        os.close(fd)
+    for _ in range(3 * file_store._KEEP):
+        version = await store.update_lease(rewrite(lease), version)
+    last = 1 + 3 * file_store._KEEP
+    assert lease_files(store, 0) == sorted(
+        f"{seq}.json" for seq in range(last - file_store._KEEP, last + 1))
+
+
+async def test_a_stale_writer_whose_next_name_was_collected_gets_a_conflict(
+        tmp_path: Path) -> None:
+    """The one case the exclusive link alone cannot refuse: the name the stale
+    writer creates existed once and was collected since."""
+    store = FileStore(tmp_path)
+    lease = make_lease(shard=0, owner=None, generation=1)
+    stale = await store.create_lease(lease)
+    others: list[str] = []
+
+    class Stalled(FileStore):
+        def _link_new(self, directory: Path, seq: int, data: bytes) -> bool:
+            # Stopped after its version check, while others swap many times.
+            current = stale
+            for n in range(file_store._KEEP + 2):
+                current = store._swap_lease(rewrite(lease, owner=f"other-{n}"), current)
+            others.append(current)
+            assert not (directory / f"{seq}.json").exists(), "not collected: no test"
+            return super()._link_new(directory, seq, data)
+
+    with pytest.raises(Conflict):
+        await Stalled(tmp_path).update_lease(rewrite(lease, owner="stale", generation=2), stale)
+    got = await store.get_lease(CLUSTER, 0)
+    assert got is not None and got.version == others[0]
+    assert valid(got).owner == f"other-{file_store._KEEP + 1}"
+
+
+async def test_a_writer_that_read_a_collected_version_gets_a_conflict(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    lease = make_lease(shard=0)
+    stale = version = await store.create_lease(lease)
+    for _ in range(file_store._KEEP + 2):
+        version = await store.update_lease(rewrite(lease), version)
+    with pytest.raises(Conflict):
+        await store.update_lease(rewrite(lease, owner="stale"), stale)
+    with pytest.raises(Conflict):
+        await store.create_lease(rewrite(lease, owner="stale"))
     got = await store.get_lease(CLUSTER, 0)
     assert got is not None and got.version == version
-    await store.update_lease(rewrite(lease), version)  # free again
 
 
-async def test_a_write_waits_for_a_lock_held_briefly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["", "7", "abc-def", "-x", "1-", "1-notthehash"])
+async def test_a_version_this_store_never_gave_is_a_conflict(tmp_path: Path,
+                                                             version: str) -> None:
+    store = FileStore(tmp_path)
+    await store.create_lease(make_lease(shard=0))
+    with pytest.raises(Conflict):
+        await store.update_lease(make_lease(shard=0), version)
+
+
+async def test_a_version_of_another_shard_is_a_conflict(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    other = await store.create_lease(make_lease(shard=1))
+    await store.create_lease(make_lease(shard=0))
+    with pytest.raises(Conflict):
+        await store.update_lease(make_lease(shard=0), other)
+
+
+#: Run in a child process: write a lease and a heartbeat in a tight loop.
+BUSY = """
+import asyncio, sys
+from shardlease.records import Heartbeat, Lease, new_write_id
+from shardlease.stores.file import FileStore
+
+async def main():
+    store = FileStore(sys.argv[1])
+    lease = Lease(cluster="contract", shard=9, owner="busy", generation=1,
+                  write_id=new_write_id(), ttl=15)
+    version = await store.create_lease(lease)
+    seq = 0
+    while True:
+        seq += 1
+        lease = lease.model_copy(update={"write_id": new_write_id()})
+        version = await store.update_lease(lease, version)
+        await store.put_heartbeat(Heartbeat(cluster="contract", node="busy", incarnation="i",
+                                            seq=seq, write_id=new_write_id()))
+        if seq == 1:
+            print("ready", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_a_writer_stopped_in_the_middle_of_a_write_blocks_no_one(tmp_path: Path) -> None:
+    """SIGSTOP can freeze a writer anywhere, and a paused node is exactly the
+    one whose leases the others must take over: no write may wait for it."""
     store = FileStore(tmp_path)
     lease = make_lease(shard=0)
     version = await store.create_lease(lease)
-    fd = os.open(tmp_path / CLUSTER / ".lock", os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    write = asyncio.create_task(store.update_lease(rewrite(lease), version))
-    await asyncio.sleep(0.1)
-    assert not write.done()
-    os.close(fd)
-    new = await asyncio.wait_for(write, timeout=5)
-    assert new != version
+    busy = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", BUSY, str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert busy.stdout is not None
+        assert (await asyncio.wait_for(busy.stdout.readline(), timeout=60)).strip() == b"ready"
+        rng = random.Random(7)
+        for n in range(30):
+            await asyncio.sleep(rng.uniform(0.001, 0.02))
+            busy.send_signal(signal.SIGSTOP)
+            try:
+                version = await asyncio.wait_for(
+                    store.update_lease(rewrite(lease), version), timeout=5)
+                await asyncio.wait_for(store.put_heartbeat(make_heartbeat(seq=n)), timeout=5)
+                assert sorted(await store.list_heartbeats(CLUSTER)) == ["busy", "node-a"]
+                assert valid(await store.get_lease(CLUSTER, 9)).owner == "busy"
+            finally:
+                busy.send_signal(signal.SIGCONT)
+        assert busy.returncode is None, "the busy writer died"
+    finally:
+        busy.kill()
+        await busy.wait()
 
 
 async def test_a_fifo_planted_as_a_lease_is_reported_without_hanging(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     await store.create_lease(make_lease(shard=0))
-    os.mkfifo(store.lease_path(CLUSTER, 2))
+    store.lease_dir(CLUSTER, 2).mkdir(parents=True)
+    os.mkfifo(store.lease_dir(CLUSTER, 2) / "1.json")
     listed = await asyncio.wait_for(store.list_leases(CLUSTER), timeout=5)
     assert sorted(listed) == [0, 2]
     assert listed[2].record is None and listed[2].error and "regular file" in listed[2].error

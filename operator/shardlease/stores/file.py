@@ -2,20 +2,35 @@
 
 Layout under the root::
 
-    <root>/<cluster>/.lock                  exclusive flock taken by every write
-    <root>/<cluster>/leases/<shard>.json    one lease per shard
-    <root>/<cluster>/heartbeats/<node>.json one heartbeat per node
+    <root>/<cluster>/leases/<shard>/<seq>.json   the versions of one lease
+    <root>/<cluster>/heartbeats/<node>.json      one heartbeat per node
 
-A record's version is a hash of its bytes. Every record shardlease writes
-carries a fresh `write_id`, so every write changes the version.
+No locks. A lock held by a writer that is then stopped (SIGSTOP, a debugger, a
+frozen VM) would block every other writer for as long as it stays stopped,
+which is exactly when the others must take its leases over. So every lease
+write is one atomic system call that cannot be left half done:
 
-Compare-and-swap across processes: a write takes an exclusive `fcntl.flock` on
-the cluster's lock file, reads the current bytes, compares their version with
-the expected one, writes a temporary file in the same directory, fsyncs it and
-`os.replace`s it over the record (then fsyncs the directory, so a crash cannot
-bring back an older lease and with it an older generation). Reads take no lock:
-`os.replace` is atomic, so a reader sees the old record or the new one whole.
+- a lease is a series of files `1.json`, `2.json`, ...; the highest is the
+  current record, and its version is `<seq>-<sha256 of its bytes>`;
+- a compare-and-swap from version `<n>-<hash>` checks that `n.json` still has
+  that hash, writes the new record to a temporary file (fsynced), then
+  `os.link`s it to `<n+1>.json`, which fails if that name exists: of all the
+  writers that read version n, exactly one creates `n+1`;
+- creating a lease is a swap from "nothing" to `1.json`.
 
+A writer keeps the newest `_KEEP + 1` versions and removes older ones. A stale
+writer whose target name was removed that way could create it again; but then
+a version more than `_KEEP` above it exists, which it sees when it lists the
+directory after linking, and it reports a `Conflict`. Such a leftover is never
+the highest version, so no reader ever takes it for the current record. (A
+writer delayed while more than `_KEEP` others swapped after it also reports a
+Conflict: the safe direction, since by then its lease was taken anyway.)
+
+Heartbeats need no compare-and-swap (each node writes only its own): they are
+written to a temporary file and `os.replace`d, which is atomic.
+
+Readers take no lock either; they tolerate files vanishing while they list.
+The root must be on a local file system with hard links (`check()` verifies).
 Blocking file I/O runs in `asyncio.to_thread`, one thread hop per call.
 """
 
@@ -24,13 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 from shardlease.errors import Conflict, StoreError, StoreUnsafe
@@ -38,31 +51,67 @@ from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encod
 from shardlease.stores.base import LeaseStore
 
 _SUFFIX = ".json"
-_LOCK = ".lock"
 _TMP_PREFIX = ".tmp-"
+#: Versions of a lease kept below the current one. Every process sharing a
+#: directory must use the same value: the stale-writer check depends on it.
+_KEEP = 32
+#: Temporary files older than this (seconds) are leftovers of a crashed writer.
+_STALE_TMP_SECONDS = 600.0
+#: Reads of one lease retried when its newest version is collected meanwhile.
+_READ_TRIES = 20
 #: Longest file name most local file systems accept, in bytes.
 _NAME_MAX = 255
 
 
-def _version(data: bytes, size: int, mtime_ns: int) -> str:
-    """The version of a record read as `data` (at most MAX_RECORD_BYTES + 1
-    bytes). A record that big is corrupt and was only partly read: its size and
-    mtime are mixed in so that rewriting its tail still changes its version."""
-    digest = hashlib.sha256(data)
-    if len(data) > MAX_RECORD_BYTES:
-        digest.update(f"|{size}|{mtime_ns}".encode())
-    return digest.hexdigest()[:32]
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _parse_version(version: str) -> tuple[int, str] | None:
+    seq, sep, digest = version.partition("-")
+    if not sep or not seq.isascii() or not seq.isdigit() or not digest:
+        return None
+    return int(seq), digest
+
+
+def _seq_of(name: str) -> int | None:
+    """The version number of a lease version file name, or None."""
+    if not name.endswith(_SUFFIX):
+        return None
+    stem = name[: -len(_SUFFIX)]
+    if not stem.isascii() or not stem.isdigit() or stem.startswith("0"):
+        return None
+    return int(stem)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """At most MAX_RECORD_BYTES + 1 bytes of a record: enough to tell an
+    oversize one. Raises FileNotFoundError, or OSError when the path exists
+    but is not a readable regular file."""
+    # O_NONBLOCK: a FIFO planted as a record must not hang the reader.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks: list[bytes] = []
+        left = MAX_RECORD_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class FileStore(LeaseStore):
     """Leases and heartbeats as files in a directory shared by local processes."""
 
-    def __init__(self, root: str | os.PathLike[str], lock_timeout: float = 10.0) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         super().__init__()
         self.root = Path(os.path.abspath(os.fspath(root)))
-        #: Seconds a write waits for another process's write lock before it
-        #: fails with StoreError (a stopped process must not hang every writer).
-        self.lock_timeout = lock_timeout
 
     def describe(self) -> str:
         return f"file://{self.root}"
@@ -86,11 +135,11 @@ class FileStore(LeaseStore):
     def cluster_dir(self, cluster: str) -> Path:
         return self.root / self._checked_name("cluster", cluster)
 
-    def lease_path(self, cluster: str, shard: int) -> Path:
-        """Where the lease of `shard` lives (tests plant raw bytes there)."""
+    def lease_dir(self, cluster: str, shard: int) -> Path:
+        """The directory holding the versions of one lease."""
         if shard < 0:
             raise StoreError(f"file store {self.root}: shard {shard} is negative")
-        return self.cluster_dir(cluster) / "leases" / f"{shard}{_SUFFIX}"
+        return self.cluster_dir(cluster) / "leases" / str(shard)
 
     def heartbeat_path(self, cluster: str, node: str) -> Path:
         return (self.cluster_dir(cluster) / "heartbeats"
@@ -100,62 +149,28 @@ class FileStore(LeaseStore):
         reason = e.strerror or str(e)
         return StoreError(f"file store {self.root}: cannot {what} {path}: {reason}")
 
+    # -- raw access, for tests and repairs -------------------------------------
+
+    def lease_path(self, cluster: str, shard: int) -> Path:
+        """The file that, once written, is the lease's current record: the
+        next version's name (its directory is created). For tests that plant
+        raw bytes; prefer `put_raw_lease`, which writes atomically."""
+        directory = self.lease_dir(cluster, shard)
+        self._makedirs(directory)
+        seqs = self._seqs(directory)
+        return directory / f"{(seqs[-1] if seqs else 0) + 1}{_SUFFIX}"
+
+    def put_raw_lease(self, cluster: str, shard: int, data: bytes) -> None:
+        """Write arbitrary bytes as the lease's new current version (tests of
+        corrupt records)."""
+        directory = self.lease_dir(cluster, shard)
+        self._makedirs(directory)
+        while True:
+            seqs = self._seqs(directory)
+            if self._link_new(directory, (seqs[-1] if seqs else 0) + 1, data):
+                return
+
     # -- blocking helpers (run in a worker thread) ----------------------------
-
-    def _read(self, path: Path) -> tuple[str, bytes] | None:
-        """(version, bytes) of a record, or None if it does not exist. Reads at
-        most MAX_RECORD_BYTES + 1 bytes, enough to tell an oversize record.
-        Raises OSError when it exists but cannot be read as a regular file."""
-        try:
-            # O_NONBLOCK: a FIFO planted as a record must not hang the reader.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            chunks: list[bytes] = []
-            left = MAX_RECORD_BYTES + 1
-            while left > 0:
-                chunk = os.read(fd, left)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        return _version(data, st.st_size, st.st_mtime_ns), data
-
-    def _read_current(self, path: Path) -> str | None:
-        """The version of a record about to be swapped (None: absent)."""
-        try:
-            read = self._read(path)
-        except OSError as e:
-            raise self._fail("read", path, e) from None
-        return None if read is None else read[0]
-
-    def _read_lease(self, path: Path, cluster: str, shard: int) -> Stored[Lease] | None:
-        """A lease as read, never raising for what is wrong with this one file:
-        an unreadable file (a directory, no permission) is reported like a
-        corrupt record, so one bad file cannot hide the others."""
-        try:
-            read = self._read(path)
-        except OSError as e:
-            return Stored(f"unreadable-{e.errno}", None,
-                          f"cannot read {path}: {e.strerror or e}")
-        return None if read is None else stored_lease(read[1], read[0], cluster, shard)
-
-    def _listdir(self, directory: Path) -> list[str]:
-        """The record file names of a directory (missing: none), sorted."""
-        try:
-            names = os.listdir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except OSError as e:
-            raise self._fail("list", directory, e) from None
-        return sorted(n for n in names if n.endswith(_SUFFIX) and not n.startswith("."))
 
     def _makedirs(self, directory: Path) -> None:
         try:
@@ -163,58 +178,22 @@ class FileStore(LeaseStore):
         except OSError as e:
             raise self._fail("create directory", directory, e) from None
 
-    @contextlib.contextmanager
-    def _locked(self, cluster: str) -> Iterator[None]:
-        """Hold the cluster's write lock (exclusive flock; blocks until free)."""
-        directory = self.cluster_dir(cluster)
-        self._makedirs(directory)
-        lock_path = directory / _LOCK
+    def _listdir(self, directory: Path) -> list[str]:
+        """The names in a directory; none if it is missing (or not one)."""
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
         except OSError as e:
-            raise self._fail("open lock file", lock_path, e) from None
-        try:
-            deadline = time.monotonic() + self.lock_timeout
-            pause = 0.0005
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"file store {self.root}: lock {lock_path} still held by another "
-                            f"writer after {self.lock_timeout:g}s") from None
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.01)
-                except OSError as e:
-                    raise self._fail("lock", lock_path, e) from None
-            yield
-        finally:
-            os.close(fd)  # releases the flock
+            raise self._fail("list", directory, e) from None
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Atomically replace `path` with `data` (the caller holds the lock)."""
-        directory = path.parent
-        self._makedirs(directory)
-        tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise self._fail("write", path, e) from None
-        self._fsync_dir(directory)
+    def _seqs(self, directory: Path) -> list[int]:
+        """The versions present in a lease directory, ascending."""
+        return sorted(s for s in map(_seq_of, self._listdir(directory)) if s is not None)
 
     def _fsync_dir(self, directory: Path) -> None:
+        """Make a rename, link or unlink in `directory` durable, so a crash
+        cannot bring back an older lease (and with it an older generation)."""
         try:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
@@ -222,11 +201,46 @@ class FileStore(LeaseStore):
         try:
             os.fsync(fd)
         except OSError as e:
-            # Some file systems cannot fsync a directory; the rename is done.
-            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # cannot sync dirs
                 raise self._fail("sync directory", directory, e) from None
         finally:
             os.close(fd)
+
+    def _write_tmp(self, directory: Path, data: bytes) -> Path:
+        """A new fsynced temporary file holding `data`, in `directory`."""
+        tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise self._fail("write", tmp, e) from None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise self._fail("write", tmp, e) from None
+        os.close(fd)
+        return tmp
+
+    def _link_new(self, directory: Path, seq: int, data: bytes) -> bool:
+        """Create version `seq` holding `data`, unless that name exists."""
+        tmp = self._write_tmp(directory, data)
+        target = directory / f"{seq}{_SUFFIX}"
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise self._fail("create", target, e) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._fsync_dir(directory)
+        return True
 
     def _encode(self, record: Lease | Heartbeat) -> bytes:
         data = encode(record)
@@ -235,71 +249,132 @@ class FileStore(LeaseStore):
                              f"than the {MAX_RECORD_BYTES} readers accept")
         return data
 
+    def _collect(self, directory: Path, seq: int) -> None:
+        """Remove the versions more than _KEEP below `seq` and stale temporary
+        files. Best effort: a failure here does not undo the write."""
+        now = time.time()
+        for name in self._listdir(directory):
+            path = directory / name
+            found = _seq_of(name)
+            with contextlib.suppress(OSError):
+                if found is not None and found < seq - _KEEP:
+                    os.unlink(path)
+                elif name.startswith(_TMP_PREFIX) \
+                        and now - os.stat(path).st_mtime > _STALE_TMP_SECONDS:
+                    os.unlink(path)
+
     # -- sync bodies of the calls ---------------------------------------------
 
+    def _read_lease(self, directory: Path, cluster: str, shard: int) -> Stored[Lease] | None:
+        """The current version of a lease, or None. What is wrong with this one
+        lease (an unreadable file) is reported in the entry, not raised, so one
+        bad lease cannot hide the others."""
+        for _ in range(_READ_TRIES):
+            seqs = self._seqs(directory)
+            if not seqs:
+                return None
+            path = directory / f"{seqs[-1]}{_SUFFIX}"
+            try:
+                data = _read_bytes(path)
+            except FileNotFoundError:
+                continue  # superseded and collected since the listing: list again
+            except OSError as e:
+                return Stored(f"{seqs[-1]}-unreadable", None,
+                              f"cannot read {path}: {e.strerror or e}")
+            return stored_lease(data, f"{seqs[-1]}-{_digest(data)}", cluster, shard)
+        raise StoreError(f"file store {self.root}: lease {cluster}/{shard} changed faster "
+                         f"than it could be read ({_READ_TRIES} tries)")
+
     def _list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        directory = self.cluster_dir(cluster) / "leases"
+        leases = self.cluster_dir(cluster) / "leases"
         found: dict[int, Stored[Lease]] = {}
-        for name in self._listdir(directory):
-            stem = name[: -len(_SUFFIX)]
-            if not stem.isascii() or not stem.isdigit() or str(int(stem)) != stem:
-                continue  # not a lease file of ours
-            shard = int(stem)
-            stored = self._read_lease(directory / name, cluster, shard)
-            if stored is not None:  # else vanished while listing
+        for name in self._listdir(leases):
+            if not name.isascii() or not name.isdigit() or str(int(name)) != name:
+                continue  # not a lease directory of ours
+            shard = int(name)
+            stored = self._read_lease(leases / name, cluster, shard)
+            if stored is not None:
                 found[shard] = stored
-        return found
+        return dict(sorted(found.items()))
 
     def _get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        return self._read_lease(self.lease_path(cluster, shard), cluster, shard)
+        return self._read_lease(self.lease_dir(cluster, shard), cluster, shard)
 
     def _swap_lease(self, lease: Lease, version: str | None) -> str:
         """Write the lease if its current version is `version` (None: absent)."""
-        path = self.lease_path(lease.cluster, lease.shard)
+        name = f"lease {lease.cluster}/{lease.shard}"
+        directory = self.lease_dir(lease.cluster, lease.shard)
         data = self._encode(lease)
-        with self._locked(lease.cluster):
-            current = self._read_current(path)
-            if version is None:
-                if current is not None:
-                    raise Conflict(f"lease {lease.cluster}/{lease.shard} exists")
-            elif current != version:
-                raise Conflict(
-                    f"lease {lease.cluster}/{lease.shard} changed since version {version}")
-            self._write(path, data)
-        return _version(data, len(data), 0)  # what a reader will compute
+        if version is None:
+            if self._seqs(directory):
+                raise Conflict(f"{name} exists")
+            seq = 1
+        else:
+            parsed = _parse_version(version)
+            if parsed is None:
+                raise Conflict(f"{name}: {version!r} is not a version of this store")
+            previous, digest = parsed
+            path = directory / f"{previous}{_SUFFIX}"
+            try:
+                current = _read_bytes(path)
+            except FileNotFoundError:
+                raise Conflict(f"{name} changed since version {version}") from None
+            except OSError as e:
+                raise self._fail("read", path, e) from None
+            if _digest(current) != digest:
+                raise Conflict(f"{name} changed since version {version}")
+            seq = previous + 1
+        self._makedirs(directory)
+        if not self._link_new(directory, seq, data):
+            raise Conflict(f"{name} exists" if version is None
+                           else f"{name} changed since version {version}")
+        seqs = self._seqs(directory)
+        if seqs and seqs[-1] > seq + _KEEP:
+            # Our name was collected and created again, or we were stalled
+            # while many others wrote: either way ours is not the record.
+            raise Conflict(f"{name} exists" if version is None
+                           else f"{name} changed since version {version}")
+        self._collect(directory, seq)
+        return f"{seq}-{_digest(data)}"
 
     def _list_heartbeats(self, cluster: str) -> dict[str, str]:
         directory = self.cluster_dir(cluster) / "heartbeats"
         found: dict[str, str] = {}
-        for name in self._listdir(directory):
+        for name in sorted(self._listdir(directory)):
+            if not name.endswith(_SUFFIX) or name.startswith("."):
+                continue
+            node = name[: -len(_SUFFIX)]
             try:
-                read = self._read(directory / name)
+                found[node] = _digest(_read_bytes(directory / name))
+            except FileNotFoundError:
+                continue  # deleted while listing
             except OSError as e:
                 # Unreadable: a version that never changes, so it looks dead.
-                found[name[: -len(_SUFFIX)]] = f"unreadable-{e.errno}"
-                continue
-            if read is not None:  # else deleted while listing
-                found[name[: -len(_SUFFIX)]] = read[0]
+                found[node] = f"unreadable-{e.errno}"
         return found
 
     def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
         path = self.heartbeat_path(heartbeat.cluster, heartbeat.node)
         data = self._encode(heartbeat)
-        with self._locked(heartbeat.cluster):
-            self._write(path, data)
+        self._makedirs(path.parent)
+        tmp = self._write_tmp(path.parent, data)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise self._fail("write", path, e) from None
+        self._fsync_dir(path.parent)
 
     def _delete_heartbeat(self, cluster: str, node: str) -> None:
         path = self.heartbeat_path(cluster, node)
-        if not self.cluster_dir(cluster).exists():
-            return  # nothing was ever written for this cluster
-        with self._locked(cluster):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                raise self._fail("delete", path, e) from None
-            self._fsync_dir(path.parent)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as e:
+            raise self._fail("delete", path, e) from None
+        self._fsync_dir(path.parent)
 
     def _check(self) -> None:
         self._makedirs(self.root)
@@ -307,28 +382,28 @@ class FileStore(LeaseStore):
             os.listdir(self.root)
         except OSError as e:
             raise self._fail("list", self.root, e) from None
-        probe = self.root / f"{_TMP_PREFIX}check-{uuid.uuid4().hex}"
+        probe = self._write_tmp(self.root, b"probe")
+        linked = self.root / f"{_TMP_PREFIX}link-{uuid.uuid4().hex}"
         try:
-            fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise self._fail("write a probe file in", self.root, e) from None
-        try:
-            os.write(fd, b"probe")
-            os.fsync(fd)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.link(probe, linked)
             except OSError as e:
                 raise StoreUnsafe(
-                    f"file store {self.root}: the file system does not support flock "
-                    f"({e.strerror or e}), so writes cannot be compare-and-swap; "
-                    "use a local directory"
+                    f"file store {self.root}: the file system cannot make hard links "
+                    f"({e.strerror or e}), which its compare-and-swap needs; "
+                    "use a directory on a local file system"
                 ) from None
-        except OSError as e:
-            raise self._fail("write a probe file in", self.root, e) from None
+            try:
+                os.link(probe, linked)
+            except FileExistsError:
+                pass
+            else:
+                raise StoreUnsafe(f"file store {self.root}: the file system lets a link "
+                                  "replace an existing file; use a local file system")
         finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
+            for path in (probe, linked):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     # -- the interface ----------------------------------------------------------
 
