@@ -1,0 +1,684 @@
+"""Leases and heartbeats as objects in S3 (or an S3-compatible store).
+
+Layout under `s3://bucket/prefix`::
+
+    <prefix>/<cluster>/leases/<shard>        one JSON lease per shard
+    <prefix>/<cluster>/heartbeats/<node>     one JSON heartbeat per node
+    <prefix>/.shardlease-probe/<random>      written and removed by `check()`
+
+Versions are ETags without their quotes. Every lease write is conditional:
+`If-None-Match: *` to create, `If-Match: "<etag>"` to update, so a node that
+lost a race gets `Conflict` and never overwrites. S3 refuses a conditional
+write in two ways, and they mean different things:
+
+- 412 PreconditionFailed: the condition is false (the object exists, or its
+  ETag moved). The race is lost: `Conflict`.
+- 409 ConditionalRequestConflict: another write to the key was in flight. The
+  condition may still hold, so the write is retried a few times after a short
+  jittered pause, as long as a re-read shows the object still at the expected
+  version (or still missing, for a create); otherwise `Conflict`.
+
+An S3-compatible server that ignores the conditions would let two nodes own a
+shard, so `check()` probes them at start and refuses such a store.
+
+Request economy: `list_leases` makes one listing (one request per page of
+1000 keys) and GETs only the leases whose ETag differs from what this store
+object last read or wrote; `list_heartbeats` is one listing and no GET, since
+liveness is judged from ETags changing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from aiobotocore.session import get_session  # type: ignore[import-untyped]
+from botocore.config import Config  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.handlers import add_expect_header  # type: ignore[import-untyped]
+
+from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
+from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encode, stored_lease
+from shardlease.stores.base import LeaseStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+URL_FORM = ("s3://BUCKET[/PREFIX][?endpoint=http://HOST:PORT&region=REGION"
+            "&path_style=true|false]")
+_QUERY_KEYS = ("endpoint", "region", "path_style")
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+_USERINFO = re.compile(r"//[^/?#@\s]*@")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+#: Where S3 request names land in `LeaseStore.requests`.
+_KINDS = {
+    "ListObjectsV2": "list",
+    "GetObject": "get",
+    "HeadObject": "get",
+    "PutObject": "put",
+    "DeleteObject": "delete",
+}
+
+_SAFE_STORES = ("AWS S3, a MinIO release with conditional PUTs, Ceph RGW, "
+                "Cloudflare R2, Google Cloud Storage's XML API, ...")
+
+
+class _S3Failure(StoreError):
+    """A request S3 answered with an error (or that never got an answer)."""
+
+    def __init__(self, message: str, code: str = "", status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class S3Store(LeaseStore):
+    """Leases in an S3 bucket, written with conditional PUTs.
+
+    URL: ``s3://BUCKET[/PREFIX]``, with optional query parameters:
+
+    - ``endpoint=http://127.0.0.1:9000``: the S3 endpoint (MinIO, moto, ...);
+      default: ``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL``, then AWS;
+    - ``region=eu-west-1``: default ``AWS_REGION``, then ``AWS_DEFAULT_REGION``
+      (or the AWS profile's region), then ``us-east-1``;
+    - ``path_style=true``: path-style addressing (``http://host/bucket/key``),
+      which most self-hosted servers need; ``false`` forces virtual hosts;
+      default: botocore's choice.
+
+    Example: ``s3://leases/prod?endpoint=http://127.0.0.1:9000&path_style=true``.
+    Credentials never go in the URL: they come from the usual AWS settings
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, web
+    identity, instance roles).
+
+    One client per store, created on first use in the running event loop (use
+    a store from one loop only) and closed by `aclose()`. Requests time out
+    after a few seconds and are tried at most `max_attempts` times, so a stuck
+    S3 delays a round by seconds, not minutes.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        path_style: bool | None = None,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 5.0,
+        max_attempts: int = 3,
+        max_parallel_gets: int = 16,
+        page_size: int = 1000,
+        conflict_attempts: int = 4,
+    ) -> None:
+        super().__init__()
+        if not _BUCKET.match(bucket):
+            raise ConfigError(f"invalid S3 bucket name {bucket!r}: use {URL_FORM}")
+        self.bucket = bucket
+        self.prefix = _clean_prefix(prefix)
+        self.endpoint_url = _clean_endpoint(endpoint_url) if endpoint_url else None
+        self.region = region or os.environ.get("AWS_REGION") or None
+        self.path_style = path_style
+        self._config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            max_pool_connections=max(32, max_parallel_gets * 2),
+            s3={"addressing_style": {None: "auto", True: "path", False: "virtual"}[path_style]},
+            # Records are a few hundred bytes; the default flexible checksums
+            # are refused by some S3-compatible servers and add nothing here.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        #: A backstop over botocore's own timeouts and retries, for whatever
+        #: they do not cover: no request holds a round longer than this.
+        self._deadline = max_attempts * (connect_timeout + read_timeout) + 5.0
+        self._page_size = page_size
+        self._conflict_attempts = max(1, conflict_attempts)
+        self._gets = asyncio.Semaphore(max_parallel_gets)
+        self._client: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client_lock = asyncio.Lock()
+        #: object key -> the lease last read or written there, by ETag.
+        self._cache: dict[str, Stored[Lease]] = {}
+        self._reported_keys: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str) -> S3Store:
+        """Parse ``s3://BUCKET[/PREFIX][?endpoint=...&region=...&path_style=...]``."""
+
+        def bad(why: str) -> ConfigError:
+            return ConfigError(f"S3 store URL {_redacted(url)!r}: {why}; use {URL_FORM} "
+                               "(credentials come from the AWS environment, never the URL)")
+
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as e:
+            raise bad(str(e)) from None
+        if parts.scheme != "s3":
+            raise bad("the scheme must be s3://")
+        if parts.username or parts.password:
+            raise bad("it must not hold credentials")
+        if not parts.hostname or port is not None:
+            raise bad("it must name a bucket (and no port)")
+        if parts.fragment:
+            raise bad("it must have no #fragment")
+        query: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key not in _QUERY_KEYS:
+                raise bad(f"unknown parameter {key!r} (known: {', '.join(_QUERY_KEYS)})")
+            if key in query:
+                raise bad(f"parameter {key!r} given twice")
+            if not value:
+                raise bad(f"parameter {key!r} is empty")
+            query[key] = value
+        path_style: bool | None = None
+        if "path_style" in query:
+            flag = query["path_style"].lower()
+            if flag not in _TRUE + _FALSE:
+                raise bad(f"path_style must be true or false, not {query['path_style']!r}")
+            path_style = flag in _TRUE
+        try:
+            # netloc, not hostname: hostname is lowercased, a bucket name is not.
+            return cls(parts.netloc, parts.path, endpoint_url=query.get("endpoint"),
+                       region=query.get("region"), path_style=path_style)
+        except ConfigError as e:
+            raise bad(str(e).split(": use ")[0]) from None
+
+    # -- identity --------------------------------------------------------------------
+
+    def _endpoint(self) -> str:
+        if self._client is not None:
+            return _public_url(str(self._client.meta.endpoint_url))
+        configured = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                      or os.environ.get("AWS_ENDPOINT_URL"))
+        if configured:
+            return _public_url(configured)
+        return f"AWS S3 {self.region or 'default region'}"
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix} (endpoint {self._endpoint()})"
+
+    def _url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # -- keys --------------------------------------------------------------------------
+
+    def _root(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def _cluster_dir(self, cluster: str) -> str:
+        return f"{self._root()}{_segment('cluster', cluster)}/"
+
+    def _lease_dir(self, cluster: str) -> str:
+        return self._cluster_dir(cluster) + "leases/"
+
+    def _heartbeat_dir(self, cluster: str) -> str:
+        return self._cluster_dir(cluster) + "heartbeats/"
+
+    def _lease_key(self, cluster: str, shard: int) -> str:
+        return f"{self._lease_dir(cluster)}{shard}"
+
+    # -- the client ----------------------------------------------------------------------
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    region = (self.region or os.environ.get("AWS_DEFAULT_REGION")
+                              or None)
+                    session = _session()
+                    if region is None:
+                        region = session.get_config_variable("region") or "us-east-1"
+                    stack = contextlib.AsyncExitStack()
+                    client = await stack.enter_async_context(session.create_client(
+                        "s3", region_name=region, endpoint_url=self.endpoint_url,
+                        config=self._config))
+                    # Counted at the HTTP level: every page and every retry.
+                    client.meta.events.register("before-send.s3", self._on_send)
+                    # botocore asks for "100 Continue" before every PUT body; our
+                    # bodies are tiny, and a server that never answers it would
+                    # hold the request (outside the read timeout) for good.
+                    client.meta.events.unregister("before-call.s3", add_expect_header)
+                    self._stack, self._client = stack, client
+        return self._client
+
+    def _on_send(self, event_name: str = "", **_: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        self._count(_KINDS.get(operation, operation.lower()))
+
+    async def aclose(self) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _call(self, operation: str, key: str, **params: Any) -> dict[str, Any]:
+        """One S3 call on `key`; every failure becomes a `_S3Failure`."""
+        s3 = await self._s3()
+        return await self._guard(
+            operation, key, lambda: getattr(s3, operation)(Bucket=self.bucket, **params))
+
+    async def _guard(self, operation: str, key: str,
+                     call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self._deadline):
+                return await call()
+        except TimeoutError:
+            raise _S3Failure(
+                f"the S3 endpoint {self._endpoint()} did not answer {operation} "
+                f"{self._url(key)} within {self._deadline:g} s") from None
+        except ClientError as e:
+            raise self._refusal(operation, key, e) from None
+        except (EndpointConnectionError, ConnectTimeoutError) as e:
+            raise _S3Failure(
+                f"cannot reach the S3 endpoint {self._endpoint()} "
+                f"({operation} {self._url(key)}): {e}") from None
+        except NoCredentialsError:
+            raise _S3Failure(
+                f"no AWS credentials for the S3 endpoint {self._endpoint()}: set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role") from None
+        except ReadTimeoutError as e:
+            raise _S3Failure(
+                f"the S3 endpoint {self._endpoint()} did not answer in time "
+                f"({operation} {self._url(key)}): {e}") from None
+        except (BotoCoreError, OSError) as e:
+            raise _S3Failure(
+                f"S3 {operation} {self._url(key)} at {self._endpoint()} failed: "
+                f"{type(e).__name__}: {e}") from None
+
+    def _refusal(self, operation: str, key: str, e: ClientError) -> _S3Failure:
+        error: Mapping[str, Any] = e.response.get("Error", {})
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        code = str(error.get("Code") or status)
+        message = str(error.get("Message") or "")
+        where = f"{operation} {self._url(key)} at {self._endpoint()}"
+        if code == "NoSuchBucket":
+            text = (f"the bucket {self.bucket!r} does not exist at the S3 endpoint "
+                    f"{self._endpoint()} ({where}): create it first")
+        elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                      "ExpiredToken", "InvalidToken"):
+            text = (f"S3 refused {where}: {code} (HTTP {status}): {message}; "
+                    "check the credentials and the bucket policy")
+        else:
+            text = f"S3 {where} failed: {code} (HTTP {status}){': ' if message else ''}{message}"
+        return _S3Failure(text, code=code, status=status)
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def _list(self, prefix: str) -> dict[str, tuple[str, int]]:
+        """key -> (etag, size) of the objects directly under `prefix`."""
+        found: dict[str, tuple[str, int]] = {}
+        params: dict[str, Any] = {"Prefix": prefix, "Delimiter": "/",
+                                  "MaxKeys": self._page_size}
+        while True:
+            page = await self._call("list_objects_v2", prefix, **params)
+            for item in page.get("Contents", ()):
+                found[item["Key"]] = (_etag(item.get("ETag", "")), int(item.get("Size", 0)))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return found
+            params["ContinuationToken"] = token
+
+    async def _read(self, key: str) -> tuple[str, bytes, int] | None:
+        """(etag, first bytes, total size) of an object, reading at most
+        MAX_RECORD_BYTES + 1 bytes; None if there is no object."""
+        async with self._gets:
+            try:
+                got = await self._call("get_object", key, Key=key,
+                                       Range=f"bytes=0-{MAX_RECORD_BYTES}")
+            except _S3Failure as e:
+                if e.status == 404 or e.code == "NoSuchKey":
+                    return None
+                if e.status != 416:
+                    raise
+                # An empty object: no byte 0 to return. Read it whole (bounded).
+                try:
+                    got = await self._call("get_object", key, Key=key)
+                except _S3Failure as again:
+                    if again.status == 404 or again.code == "NoSuchKey":
+                        return None
+                    raise
+            body = got["Body"]
+
+            async def read() -> bytes:
+                async with body:
+                    return await _read_at_most(body, MAX_RECORD_BYTES + 1)
+
+            data = await self._guard("get_object", key, read)
+        total = _total_size(got.get("ContentRange"), got.get("ContentLength"), len(data))
+        return _etag(got.get("ETag", "")), data, total
+
+    def _decode(self, etag: str, data: bytes, total: int,
+                cluster: str, shard: int) -> Stored[Lease]:
+        if total > MAX_RECORD_BYTES:
+            return Stored(etag, None, _too_big(total))
+        return stored_lease(data, etag, cluster, shard)
+
+    async def _fetch_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        key = self._lease_key(cluster, shard)
+        got = await self._read(key)
+        if got is None:
+            self._cache.pop(key, None)
+            return None
+        stored = self._decode(*got, cluster, shard)
+        self._cache[key] = stored
+        return stored
+
+    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        directory = self._lease_dir(cluster)
+        listed = await self._list(directory)
+        leases: dict[int, Stored[Lease]] = {}
+        changed: list[int] = []
+        for key, (etag, size) in listed.items():
+            shard = _shard_number(key[len(directory):])
+            if shard is None:
+                if key not in self._reported_keys:
+                    self._reported_keys.add(key)
+                    log.warning("ignoring %s: not a lease (the name after leases/ must be "
+                                "a shard number)", self._url(key))
+                continue
+            cached = self._cache.get(key)
+            if cached is not None and cached.version == etag:
+                leases[shard] = cached
+            elif size > MAX_RECORD_BYTES or size == 0:
+                # Judged from the listing alone: no need to fetch it.
+                stored = (Stored(etag, None, _too_big(size)) if size
+                          else stored_lease(b"", etag, cluster, shard))
+                self._cache[key] = leases[shard] = stored
+            else:
+                changed.append(shard)
+        for key in [k for k in self._cache if k.startswith(directory) and k not in listed]:
+            del self._cache[key]
+
+        if changed:
+            fetched = await _all([self._fetch_lease(cluster, shard) for shard in changed])
+            for shard, entry in zip(changed, fetched, strict=True):
+                if entry is not None:  # None: removed since the listing
+                    leases[shard] = entry
+        return dict(sorted(leases.items()))
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        return await self._fetch_lease(cluster, shard)
+
+    # -- writing leases --------------------------------------------------------------------
+
+    async def create_lease(self, lease: Lease) -> str:
+        return await self._swap(lease, None)
+
+    async def update_lease(self, lease: Lease, version: str) -> str:
+        return await self._swap(lease, _etag(version))
+
+    async def _swap(self, lease: Lease, expected: str | None) -> str:
+        """PUT the lease if the object is still at `expected` (None: missing)."""
+        key = self._lease_key(lease.cluster, lease.shard)
+        condition = ({"IfNoneMatch": "*"} if expected is None
+                     else {"IfMatch": f'"{expected}"'})
+        what = (f"lease {lease.cluster}/{lease.shard} ({self._url(key)})")
+        for attempt in range(1, self._conflict_attempts + 1):
+            try:
+                answer = await self._call("put_object", key, Key=key, Body=encode(lease),
+                                          ContentType="application/json", **condition)
+            except _S3Failure as e:
+                if e.status == 412 or e.code == "PreconditionFailed":
+                    if expected is None:
+                        raise Conflict(f"{what} exists already") from None
+                    raise Conflict(f"{what} changed since version {expected}") from None
+                if expected is not None and (e.status == 404 or e.code == "NoSuchKey"):
+                    raise Conflict(f"{what} is gone (expected version {expected})") from None
+                if not (e.status == 409 or e.code == "ConditionalRequestConflict"):
+                    raise
+                if attempt == self._conflict_attempts:
+                    raise StoreError(
+                        f"{what}: S3 kept answering ConditionalRequestConflict (another write "
+                        f"in flight) after {attempt} attempts") from None
+                # Another write to the key was in flight: wait for it to land,
+                # then retry only if it did not move the object.
+                await asyncio.sleep(random.uniform(0.5, 1.0) * 0.05 * 2 ** attempt)
+                current = await self._head(key)
+                if current != expected:
+                    self._cache.pop(key, None)
+                    raise Conflict(
+                        f"{what} changed while our write was refused as concurrent "
+                        f"(expected version {expected}, now {current})") from None
+                continue
+            version = _etag(answer.get("ETag", ""))
+            if not version:
+                raise StoreError(f"S3 PutObject {self._url(key)} at {self._endpoint()} "
+                                 "answered without an ETag")
+            self._cache[key] = Stored(version, lease)
+            return version
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _head(self, key: str) -> str | None:
+        """The object's ETag, or None if there is none."""
+        try:
+            answer = await self._call("head_object", key, Key=key)
+        except _S3Failure as e:
+            if e.status == 404 or e.code in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return _etag(answer.get("ETag", ""))
+
+    # -- heartbeats --------------------------------------------------------------------------
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        directory = self._heartbeat_dir(cluster)
+        listed = await self._list(directory)
+        return {key[len(directory):]: etag for key, (etag, _) in listed.items()
+                if len(key) > len(directory)}
+
+    async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        key = self._heartbeat_dir(heartbeat.cluster) + _segment("node", heartbeat.node)
+        await self._call("put_object", key, Key=key, Body=encode(heartbeat),
+                         ContentType="application/json")
+
+    async def delete_heartbeat(self, cluster: str, node: str) -> None:
+        key = self._heartbeat_dir(cluster) + _segment("node", node)
+        try:
+            await self._call("delete_object", key, Key=key)
+        except _S3Failure as e:
+            if not (e.status == 404 or e.code == "NoSuchKey"):
+                raise
+
+    # -- the start-up probe ----------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Probe that the bucket is reachable and that conditional PUTs are
+        enforced; raise `StoreUnsafe` if a condition is ignored, `StoreError`
+        if the endpoint or bucket cannot be used."""
+        probe_dir = f"{self._root()}.shardlease-probe/"
+        key = f"{probe_dir}{uuid.uuid4().hex}"
+        missing = f"{probe_dir}{uuid.uuid4().hex}-never-created"
+        endpoint = self._endpoint()
+
+        def unsafe(what: str) -> NoReturn:
+            raise StoreUnsafe(
+                f"the S3 endpoint {endpoint} (bucket {self.bucket!r}) {what}: shardlease "
+                f"would let two nodes own a shard; use a store that supports conditional "
+                f"writes ({_SAFE_STORES})")
+
+        async def put(target: str, **condition: str) -> str | _S3Failure:
+            try:
+                answer = await self._call("put_object", target, Key=target,
+                                          Body=b'{"probe": true}', **condition)
+            except _S3Failure as e:
+                return e
+            return _etag(answer.get("ETag", ""))
+
+        await self._call("list_objects_v2", probe_dir, Prefix=probe_dir, MaxKeys=1)
+        first = await put(key, IfNoneMatch="*")
+        if isinstance(first, _S3Failure):
+            if first.status in (400, 501) and first.code in ("NotImplemented", "InvalidArgument"):
+                unsafe(f"refused a PUT with If-None-Match ({first.code}: {first})")
+            raise first
+        try:
+            again = await put(key, IfNoneMatch="*")
+            if isinstance(again, str):
+                unsafe("ignored If-None-Match: a second create of one object succeeded")
+            if again.status not in (409, 412):
+                raise again
+            wrong = "0" * 32 if first != "0" * 32 else "1" * 32
+            stale = await put(key, IfMatch=f'"{wrong}"')
+            if isinstance(stale, str):
+                unsafe("ignored If-Match: an update with a wrong ETag succeeded")
+            if stale.status != 412:
+                raise stale
+            right = await put(key, IfMatch=f'"{first}"')
+            if isinstance(right, _S3Failure):
+                if right.status == 412:
+                    unsafe(f"refused an update with the object's own ETag {first!r} "
+                           "(If-Match never matches)")
+                raise right
+            absent = await put(missing, IfMatch=f'"{first}"')
+            if isinstance(absent, str):
+                log.warning(
+                    "the S3 endpoint %s created an object on a PUT with If-Match although "
+                    "there was none (AWS answers 404); an update of a lease someone deleted "
+                    "recreates it; safe, but consider upgrading the store", endpoint)
+            elif absent.status not in (404, 412):
+                raise absent
+        finally:
+            for target in (key, missing):
+                try:
+                    await self._call("delete_object", target, Key=target)
+                except StoreError as e:
+                    log.warning("could not remove the probe object %s: %s", self._url(target), e)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+#: botocore's data loader (service models, endpoint rules), shared by the
+#: sessions of every store: loading them is most of the cost of a new client.
+_loader: Any = None
+
+
+def _session() -> Any:
+    """A new aiobotocore session (its own credentials), with the shared loader."""
+    global _loader
+    session = get_session()
+    if _loader is None:
+        _loader = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _loader)
+    return session
+
+
+def _etag(raw: str) -> str:
+    return raw.strip().removeprefix("W/").strip('"')
+
+
+def _too_big(size: int) -> str:
+    return f"lease record is {size} bytes, more than the {MAX_RECORD_BYTES} allowed"
+
+
+def _shard_number(name: str) -> int | None:
+    """The shard of a key's last part: a canonical decimal number, else None."""
+    if not name.isascii() or not name.isdigit() or str(int(name)) != name:
+        return None
+    return int(name)
+
+
+def _segment(kind: str, name: str) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"{kind} name {name!r} cannot be part of an S3 key "
+                          "(empty, '.', '..' or containing '/')")
+    return name
+
+
+def _clean_prefix(prefix: str) -> str:
+    cleaned = prefix.strip("/")
+    if cleaned and any(part in ("", ".", "..") for part in cleaned.split("/")):
+        raise ConfigError(f"S3 prefix {prefix!r} has an empty, '.' or '..' part: use {URL_FORM}")
+    return cleaned
+
+
+def _clean_endpoint(endpoint: str) -> str:
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as e:
+        raise ConfigError(f"invalid S3 endpoint {_redacted(endpoint)!r} ({e}): "
+                          f"use {URL_FORM}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"S3 endpoint {_redacted(endpoint)!r} must look like "
+                          f"http(s)://HOST[:PORT]: use {URL_FORM}")
+    if parts.username or parts.password:
+        raise ConfigError("put no credentials in the S3 endpoint: they come from the AWS "
+                          "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    return endpoint.rstrip("/")
+
+
+def _redacted(url: str) -> str:
+    """`url` with the user info of it (and of any URL inside it) replaced by `***`."""
+    return _USERINFO.sub("//***@", url)
+
+
+def _public_url(url: str) -> str:
+    """The URL without user info, query or fragment (nothing secret)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.hostname or ""
+        if parts.port is not None:
+            netloc = f"{netloc}:{parts.port}"
+    except ValueError:
+        return "(unparsable endpoint)"
+    if ":" in (parts.hostname or "") and not netloc.startswith("["):
+        netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _total_size(content_range: str | None, content_length: int | None, read: int) -> int:
+    """The object's size: from `bytes 0-4096/10000` when S3 honoured the Range,
+    else the length of the whole body."""
+    if content_range and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1].strip()
+        if total.isdigit():
+            return int(total)
+    if content_length is not None:
+        return max(int(content_length), read)
+    return read
+
+
+async def _read_at_most(body: Any, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await body.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run the calls concurrently; on the first failure cancel the rest and raise it."""
+    tasks: list[asyncio.Task[T]] = []
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except BaseExceptionGroup as failed:
+        first = failed.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [task.result() for task in tasks]

@@ -1,0 +1,574 @@
+"""The S3 store: the store contract on moto's S3 server, and what only S3 has
+(request economy, 412 versus 409, bounded reads, the start-up probe)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
+
+from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
+from shardlease.records import MAX_RECORD_BYTES, encode
+from shardlease.stores import open_store
+from shardlease.stores.base import LeaseStore
+from shardlease.stores.s3 import S3Store
+from tests.support.s3server import S3Server
+
+from .contract import CLUSTER, MakeStore, PutRaw, StoreContract, make_heartbeat, make_lease, rewrite
+
+# The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket).
+pytest_plugins = ["tests.support.s3server"]
+
+PREFIX = "sl"
+
+
+def s3_store(server: S3Server, bucket: str, **options: Any) -> S3Store:
+    return S3Store(bucket, PREFIX, endpoint_url=server.endpoint, path_style=True, **options)
+
+
+def lease_key(cluster: str, shard: int) -> str:
+    return f"{PREFIX}/{cluster}/leases/{shard}"
+
+
+def fresh_counts(store: LeaseStore) -> None:
+    store.requests.clear()
+
+
+# -- the contract ----------------------------------------------------------------------------------
+
+
+class TestS3StoreOnMoto(StoreContract):
+    @pytest.fixture
+    async def store(self, s3_server: S3Server, s3_bucket: str) -> AsyncIterator[LeaseStore]:
+        store = s3_store(s3_server, s3_bucket)
+        yield store
+        await store.aclose()
+
+    @pytest.fixture
+    def put_raw(self, s3_server: S3Server, s3_bucket: str) -> PutRaw:
+        client = s3_server.client()
+
+        async def put(cluster: str, shard: int, data: bytes) -> None:
+            await asyncio.to_thread(client.put_object, Bucket=s3_bucket,
+                                    Key=lease_key(cluster, shard), Body=data)
+        return put
+
+    @pytest.fixture
+    async def make_second_store(self, s3_server: S3Server,
+                                s3_bucket: str) -> AsyncIterator[MakeStore]:
+        opened: list[S3Store] = []
+
+        async def make() -> LeaseStore:
+            opened.append(s3_store(s3_server, s3_bucket))
+            return opened[-1]
+        yield make
+        for store in opened:
+            await store.aclose()
+
+
+@pytest.fixture
+async def store(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
+    store = s3_store(s3_server, s3_bucket)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def other(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
+    """Another node's client on the same bucket."""
+    store = s3_store(s3_server, s3_bucket)
+    yield store
+    await store.aclose()
+
+
+# -- URLs ------------------------------------------------------------------------------------------
+
+
+def test_a_url_names_bucket_prefix_endpoint_region_and_addressing() -> None:
+    store = open_store("s3://Leases-1/team/prod/?endpoint=http://127.0.0.1:9000/"
+                       "&region=eu-west-1&path_style=true")
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix) == ("Leases-1", "team/prod")
+    assert store.endpoint_url == "http://127.0.0.1:9000"
+    assert store.region == "eu-west-1"
+    assert store.path_style is True
+    assert store.describe() == "s3://Leases-1/team/prod (endpoint http://127.0.0.1:9000)"
+
+
+def test_a_url_without_prefix_or_parameters_uses_the_aws_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "https://s3.example.test:8443")
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")
+    store = S3Store.from_url("s3://leases")
+    assert (store.bucket, store.prefix, store.endpoint_url) == ("leases", "", None)
+    assert store.region == "ap-south-1"
+    assert store.describe() == "s3://leases/ (endpoint https://s3.example.test:8443)"
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("s3://", "bucket"),
+    ("s3:///prefix", "bucket"),
+    ("s3://leases?endpoint=http://x:1&color=blue", "unknown parameter 'color'"),
+    ("s3://leases?region=a&region=b", "twice"),
+    ("s3://leases?path_style=maybe", "path_style"),
+    ("s3://leases?endpoint=ftp://x", "http"),
+    ("s3://leases?endpoint=", "empty"),
+    ("s3://key:secret@leases/p", "credentials"),
+    ("s3://leases/p?endpoint=http://key:secret@minio:9000", "credentials"),
+    ("s3://leases/a//b", "prefix"),
+    ("s3://leases/../b", "prefix"),
+    ("s3://leases#frag", "fragment"),
+])
+def test_a_bad_url_is_refused_with_the_accepted_form(url: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        S3Store.from_url(url)
+    assert words in str(refused.value)
+    assert "s3://BUCKET[/PREFIX]" in str(refused.value)
+    assert "secret" not in str(refused.value).replace("AWS_SECRET", "")
+
+
+def test_the_description_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://user:pass@minio.local:9000/?token=x")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    description = S3Store.from_url("s3://leases/p").describe()
+    assert description == "s3://leases/p (endpoint http://minio.local:9000/)"
+
+
+async def test_a_cluster_or_node_name_with_a_slash_is_refused(store: S3Store) -> None:
+    with pytest.raises(ConfigError):
+        await store.list_leases("a/b")
+    with pytest.raises(ConfigError):
+        await store.delete_heartbeat(CLUSTER, "../x")
+
+
+# -- request economy -------------------------------------------------------------------------------
+
+
+async def test_listing_unchanged_leases_again_costs_one_list_and_no_get(
+        store: S3Store, other: S3Store) -> None:
+    leases = {shard: make_lease(shard=shard, owner=f"node-{shard % 5}") for shard in range(64)}
+    versions = dict(zip(leases, await asyncio.gather(
+        *(other.create_lease(lease) for lease in leases.values())), strict=True))
+
+    fresh_counts(store)
+    first = await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 1, "get": 64}
+    assert {shard: s.record for shard, s in first.items()} == leases
+
+    fresh_counts(store)
+    second = await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 1}
+    assert second == first
+
+    changed = {shard: rewrite(leases[shard], owner="node-x") for shard in (3, 17, 60)}
+    for shard, lease in changed.items():
+        versions[shard] = await other.update_lease(lease, versions[shard])
+    fresh_counts(store)
+    third = await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 1, "get": 3}
+    assert {shard: third[shard].record for shard in changed} == changed
+    assert {shard: s.version for shard, s in third.items()} == versions
+
+
+async def test_a_store_does_not_fetch_back_what_it_wrote_itself(store: S3Store) -> None:
+    version = await store.create_lease(make_lease(shard=0))
+    await store.update_lease(rewrite(make_lease(shard=0)), version)
+    fresh_counts(store)
+    await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 1}
+
+
+async def test_every_page_of_a_listing_is_a_request(s3_server: S3Server, s3_bucket: str,
+                                                    other: S3Store) -> None:
+    await asyncio.gather(*(other.create_lease(make_lease(shard=s)) for s in range(25)))
+    paged = s3_store(s3_server, s3_bucket, page_size=10)
+    try:
+        listed = await paged.list_leases(CLUSTER)
+        assert sorted(listed) == list(range(25))
+        assert dict(paged.requests) == {"list": 3, "get": 25}
+    finally:
+        await paged.aclose()
+
+
+async def test_listing_heartbeats_is_one_request_and_fetches_nothing(
+        store: S3Store, other: S3Store) -> None:
+    for n in range(10):
+        await other.put_heartbeat(make_heartbeat(f"node-{n}"))
+    fresh_counts(store)
+    beats = await store.list_heartbeats(CLUSTER)
+    assert sorted(beats) == sorted(f"node-{n}" for n in range(10))
+    assert dict(store.requests) == {"list": 1}
+
+
+async def test_gets_run_concurrently_but_no_more_than_the_bound(
+        s3_server: S3Server, s3_bucket: str, other: S3Store,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await asyncio.gather(*(other.create_lease(make_lease(shard=s)) for s in range(40)))
+    bounded = s3_store(s3_server, s3_bucket, max_parallel_gets=4)
+    running = peak = 0
+    real = S3Store._call
+
+    async def watched(self: S3Store, operation: str, key: str, **params: Any) -> Any:
+        nonlocal running, peak
+        if operation != "get_object":
+            return await real(self, operation, key, **params)
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.01)
+            return await real(self, operation, key, **params)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(S3Store, "_call", watched)
+    try:
+        assert len(await bounded.list_leases(CLUSTER)) == 40
+    finally:
+        await bounded.aclose()
+    assert peak == 4
+
+
+# -- untrusted records -----------------------------------------------------------------------------
+
+
+async def test_oversize_and_empty_records_are_judged_from_the_listing_without_a_get(
+        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=b"x" * 1_000_000)
+    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2), Body=b"")
+    listed = await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 1}
+    assert listed[1].record is None and "1000000 bytes" in (listed[1].error or "")
+    assert listed[2].record is None and listed[2].error
+    assert listed[1].version and listed[2].version
+
+
+async def test_a_get_reads_a_bounded_range_and_refuses_an_oversize_record(
+        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    client = s3_server.client()
+    etag = client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1),
+                             Body=b"y" * (MAX_RECORD_BYTES * 50))["ETag"].strip('"')
+    got = await store.get_lease(CLUSTER, 1)
+    assert got is not None and got.record is None and got.version == etag
+    assert f"{MAX_RECORD_BYTES * 50} bytes" in (got.error or "")
+
+
+async def test_an_empty_object_read_by_get_is_corrupt_and_has_a_version(
+        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    etag = s3_server.client().put_object(
+        Bucket=s3_bucket, Key=lease_key(CLUSTER, 4), Body=b"")["ETag"].strip('"')
+    got = await store.get_lease(CLUSTER, 4)
+    assert got is not None and got.record is None and got.error and got.version == etag
+    # It can be replaced by a swap on that version.
+    await store.update_lease(make_lease(shard=4), got.version)
+
+
+async def test_keys_that_are_not_shard_numbers_are_reported_once_and_skipped(
+        store: S3Store, s3_server: S3Server, s3_bucket: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    await store.create_lease(make_lease(shard=7))
+    client = s3_server.client()
+    for name in ("notes.txt", "007", "-1", "1e3", "sub/8"):
+        client.put_object(Bucket=s3_bucket, Key=f"{PREFIX}/{CLUSTER}/leases/{name}",
+                          Body=encode(make_lease(shard=8)))
+    with caplog.at_level(logging.WARNING, logger="shardlease.stores.s3"):
+        assert sorted(await store.list_leases(CLUSTER)) == [7]
+        assert sorted(await store.list_leases(CLUSTER)) == [7]
+    reported = [r.getMessage() for r in caplog.records if r.name == "shardlease.stores.s3"]
+    assert len(reported) == 4, reported  # "sub/8" is below leases/, not in it
+    assert all("not a lease" in message for message in reported)
+
+
+async def test_a_lease_deleted_behind_the_stores_back_disappears_from_the_listing(
+        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    await store.create_lease(make_lease(shard=1))
+    await store.create_lease(make_lease(shard=2))
+    s3_server.client().delete_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1))
+    assert sorted(await store.list_leases(CLUSTER)) == [2]
+    assert await store.get_lease(CLUSTER, 1) is None
+
+
+# -- 412 and 409 -----------------------------------------------------------------------------------
+
+
+def conditional_error(status: int, code: str) -> dict[str, Any]:
+    return {"service_error_code": code, "service_message": code,
+            "http_status_code": status}
+
+
+@pytest.fixture
+async def stubbed(s3_server: S3Server) -> AsyncIterator[tuple[S3Store, Any]]:
+    """A store whose client answers from a strict script (botocore's Stubber)."""
+    store = S3Store("stubbed", PREFIX, endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    client = await store._s3()
+    with AioStubber(client) as stubber:
+        yield store, stubber
+        stubber.assert_no_pending_responses()
+    await store.aclose()
+
+
+def put_ok(etag: str) -> dict[str, Any]:
+    return {"ETag": f'"{etag}"'}
+
+
+async def test_a_409_on_create_is_retried_while_the_object_is_still_missing(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    lease = make_lease(shard=3)
+    key = lease_key(CLUSTER, 3)
+    stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"),
+                          expected_params={"Bucket": "stubbed", "Key": key, "Body": encode(lease),
+                                           "ContentType": "application/json", "IfNoneMatch": "*"})
+    stub.add_client_error("head_object", http_status_code=404, service_error_code="404")
+    stub.add_response("put_object", put_ok("new"))
+    assert await store.create_lease(lease) == "new"
+
+
+async def test_a_409_on_update_is_retried_while_the_version_still_holds(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"))
+    stub.add_response("head_object", {"ETag": '"v1"'})
+    stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"))
+    stub.add_response("head_object", {"ETag": '"v1"'})
+    stub.add_response("put_object", put_ok("v2"),
+                      expected_params={"Bucket": "stubbed", "Key": lease_key(CLUSTER, 0),
+                                       "Body": stub_any(), "ContentType": "application/json",
+                                       "IfMatch": '"v1"'})
+    assert await store.update_lease(make_lease(shard=0), "v1") == "v2"
+
+
+async def test_a_409_after_which_the_version_moved_is_a_conflict(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"))
+    stub.add_response("head_object", {"ETag": '"theirs"'})
+    with pytest.raises(Conflict, match="theirs"):
+        await store.update_lease(make_lease(shard=0), "v1")
+
+
+async def test_a_409_on_create_after_which_the_object_exists_is_a_conflict(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"))
+    stub.add_response("head_object", {"ETag": '"theirs"'})
+    with pytest.raises(Conflict):
+        await store.create_lease(make_lease(shard=0))
+
+
+async def test_409s_that_never_stop_end_as_a_store_error_not_a_lost_lease(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    for attempt in range(4):
+        stub.add_client_error("put_object", **conditional_error(409, "ConditionalRequestConflict"))
+        if attempt < 3:
+            stub.add_response("head_object", {"ETag": '"v1"'})
+    with pytest.raises(StoreError, match="ConditionalRequestConflict") as failed:
+        await store.update_lease(make_lease(shard=0), "v1")
+    assert not isinstance(failed.value, Conflict)
+
+
+@pytest.mark.parametrize(("status", "code"), [(412, "PreconditionFailed"), (404, "NoSuchKey")])
+async def test_a_412_or_a_missing_object_is_a_conflict_at_once(
+        stubbed: tuple[S3Store, Any], status: int, code: str) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(status, code))
+    with pytest.raises(Conflict):
+        await store.update_lease(make_lease(shard=0), "v1")
+
+
+async def test_a_412_on_create_is_a_conflict_at_once(stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(412, "PreconditionFailed"))
+    with pytest.raises(Conflict, match="exists"):
+        await store.create_lease(make_lease(shard=0))
+
+
+async def test_access_denied_is_a_store_error_naming_code_bucket_and_key(
+        stubbed: tuple[S3Store, Any]) -> None:
+    store, stub = stubbed
+    stub.add_client_error("put_object", **conditional_error(403, "AccessDenied"))
+    with pytest.raises(StoreError) as failed:
+        await store.create_lease(make_lease(shard=5))
+    assert not isinstance(failed.value, Conflict)
+    message = str(failed.value)
+    for word in ("AccessDenied", "403", f"s3://stubbed/{lease_key(CLUSTER, 5)}",
+                 "http://127.0.0.1:9"):
+        assert word in message, message
+
+
+def stub_any() -> Any:
+    from botocore.stub import ANY  # type: ignore[import-untyped]
+    return ANY
+
+
+# -- the start-up probe, and failures --------------------------------------------------------------
+
+
+async def test_check_passes_on_moto_and_leaves_nothing_behind(
+        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    await store.check()
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+    assert dict(store.requests) == {"list": 1, "put": 5, "delete": 2}
+
+
+class StubS3(BaseHTTPRequestHandler):
+    """A minimal S3 on loopback that honours only the conditions it is told to."""
+
+    honour_if_none_match: ClassVar[bool] = False
+    honour_if_match: ClassVar[bool] = False
+    fail_with: ClassVar[int] = 0
+    objects: ClassVar[dict[str, bytes]]
+    seen: ClassVar[list[str]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def reply(self, status: int, body: bytes = b"", **headers: str) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def error(self, status: int, code: str) -> None:
+        self.reply(status, f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode(),
+                   Content_Type="application/xml")
+
+    def do_GET(self) -> None:
+        self.seen.append("GET")
+        if self.fail_with:
+            return self.error(self.fail_with, "InternalError")
+        self.reply(200, b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>'
+                   b"<Name>b</Name><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated>"
+                   b"</ListBucketResult>", Content_Type="application/xml")
+
+    def do_PUT(self) -> None:
+        self.seen.append("PUT")
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        current = self.objects.get(self.path)
+        etag = f'"{hashlib.md5(current).hexdigest()}"' if current is not None else None
+        if self.honour_if_none_match and self.headers.get("If-None-Match") and current is not None:
+            return self.error(412, "PreconditionFailed")
+        if self.honour_if_match and (wanted := self.headers.get("If-Match")):
+            if current is None:
+                return self.error(404, "NoSuchKey")
+            if wanted != etag:
+                return self.error(412, "PreconditionFailed")
+        self.objects[self.path] = body
+        self.reply(200, ETag=f'"{hashlib.md5(body).hexdigest()}"')
+
+    def do_DELETE(self) -> None:
+        self.seen.append("DELETE")
+        self.objects.pop(self.path, None)
+        self.reply(204)
+
+
+@pytest.fixture
+def stub_s3() -> Iterator[tuple[str, type[StubS3]]]:
+    handler = type("Stub", (StubS3,), {"objects": {}, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("honour_none", "honour_match", "ignored"), [
+    (False, False, "ignored If-None-Match"),
+    (True, False, "ignored If-Match"),
+])
+async def test_check_refuses_a_server_that_ignores_a_condition(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]],
+        honour_none: bool, honour_match: bool, ignored: str) -> None:
+    endpoint, handler = stub_s3
+    handler.honour_if_none_match = honour_none
+    handler.honour_if_match = honour_match
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreUnsafe) as refused:
+            await store.check()
+    finally:
+        await store.aclose()
+    message = str(refused.value)
+    assert ignored in message and endpoint in message and "two nodes own a shard" in message
+    assert handler.objects == {}, "the probe object was left behind"
+
+
+async def test_check_passes_on_a_server_that_honours_both_conditions(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
+    endpoint, handler = stub_s3
+    handler.honour_if_none_match = handler.honour_if_match = True
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        await store.check()
+    finally:
+        await store.aclose()
+    assert handler.objects == {}
+
+
+async def test_server_errors_are_retried_a_few_times_then_a_store_error(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
+    endpoint, handler = stub_s3
+    handler.fail_with = 500
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreError) as failed:
+            await store.list_leases(CLUSTER)
+    finally:
+        await store.aclose()
+    assert not isinstance(failed.value, Conflict)
+    assert "InternalError" in str(failed.value) and "500" in str(failed.value)
+    assert handler.seen == ["GET"] * 3
+    assert dict(store.requests) == {"list": 3}
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_an_unreachable_endpoint_is_a_store_error_saying_so(s3_server: S3Server) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError) as failed:
+            await store.check()
+    finally:
+        await store.aclose()
+    assert not isinstance(failed.value, StoreUnsafe)
+    assert "cannot reach the S3 endpoint" in str(failed.value)
+    assert endpoint in str(failed.value)
+    assert time.monotonic() - started < 10
+
+
+async def test_a_missing_bucket_is_a_store_error_saying_so(s3_server: S3Server) -> None:
+    store = S3Store("no-such-bucket-here", "p", endpoint_url=s3_server.endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreError, match="'no-such-bucket-here' does not exist"):
+            await store.check()
+    finally:
+        await store.aclose()
+
+
+async def test_a_closed_store_opens_a_new_client_when_used_again(store: S3Store) -> None:
+    await store.create_lease(make_lease(shard=0))
+    await store.aclose()
+    await store.aclose()
+    assert sorted(await store.list_leases(CLUSTER)) == [0]

@@ -1,0 +1,151 @@
+"""S3 servers for the tests, on loopback, started by the tests themselves.
+
+Today one kind: moto's S3 server, run in a thread of the test process on a
+free port. Child processes reach it over HTTP like any S3 endpoint, so it
+serves process tests too. A second kind (MinIO) can be added to `KINDS`.
+
+Use from a test module (or a conftest) with::
+
+    pytest_plugins = ["tests.support.s3server"]
+
+- `s3_server` (session): the running `S3Server`; while it lives, the AWS
+  credential and region variables are set in `os.environ` (and so passed to
+  child processes), and AWS config files and instance metadata are turned off.
+- `s3_endpoint` (session): its endpoint URL, ``http://127.0.0.1:PORT``.
+- `s3_bucket` (function): a fresh, empty bucket per test.
+
+`S3Server.env()` gives the variables a child process needs, endpoint included.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+ACCESS_KEY = "shardlease-test"
+SECRET_KEY = "shardlease-test-secret"
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Server:
+    kind: str
+    endpoint: str
+    region: str = REGION
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
+
+    def env(self) -> dict[str, str]:
+        """Variables for a process that should use this server by default."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": self.region,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        }
+
+    def client(self) -> Any:
+        """A plain (synchronous) boto3 client, for setting things up."""
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.region,
+                            aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key)
+
+    def create_bucket(self, name: str | None = None) -> str:
+        bucket = name or f"t-{uuid.uuid4().hex[:20]}"
+        self.client().create_bucket(Bucket=bucket)
+        return bucket
+
+    def url(self, bucket: str, prefix: str = "") -> str:
+        """An s3:// store URL on this server."""
+        path = f"/{prefix}" if prefix else ""
+        return f"s3://{bucket}{path}?endpoint={self.endpoint}&path_style=true"
+
+
+class _OneAtATime:
+    """Serve one request at a time.
+
+    moto's S3 checks a PUT's If-Match/If-None-Match and then stores the object
+    without a lock: under a threaded server two concurrent creates of one key
+    can both succeed (and an overwrite can break a concurrent read). Real S3
+    is atomic per key; serialising requests makes moto so too.
+    """
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        with self.lock:
+            return list(self.app(environ, start_response))
+
+
+@contextmanager
+def moto_server() -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port, in a daemon thread."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    class Quiet(MotoRequestHandler):  # type: ignore[misc]
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    app = _OneAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    try:
+        yield S3Server(kind="moto", endpoint=f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+
+
+#: Server kinds by name: a context manager that starts one and yields it.
+KINDS: dict[str, Callable[[], AbstractContextManager[S3Server]]] = {"moto": moto_server}
+
+
+@contextmanager
+def aws_environment(server: S3Server) -> Iterator[None]:
+    """Point the AWS credential chain at the test server's credentials (not
+    its endpoint: the tests pass it explicitly), and restore afterwards."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in server.env().items():
+            if name != "AWS_ENDPOINT_URL_S3":
+                patch.setenv(name, value)
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                     "AWS_ENDPOINT_URL_S3"):
+            patch.delenv(name, raising=False)
+        yield
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    with KINDS["moto"]() as server, aws_environment(server):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server: S3Server) -> str:
+    return s3_server.endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    return s3_server.create_bucket()
