@@ -33,16 +33,16 @@ conditional, so that at most one writer is ever effective:
   ``If-Match: <the etag read>``. That write is the fence: from then on, any
   older owner's next conditional write fails. The etag and the data stay in
   memory.
-- Every write is a read-modify-write: the in-memory copy is the object at the
-  etag this instance holds; the new object is written with
-  ``If-Match: <that etag>``. If S3 refuses the condition (412, or 409 for a
-  concurrent write), the object is read again: a stored generation above ours
-  means a newer owner opened the shard, so the write is refused with 409
-  "fenced by generation N" and the shard is closed here. It is never retried
-  blindly. (A stored object still at our generation holding exactly what we
-  wrote means our own write landed and its answer was lost, for example
-  under an SDK retry: only the holder of a generation writes that generation,
-  so this is safe to accept.)
+- Every write is a read-modify-write. Read the object: a stored generation
+  above ours means a newer owner opened the shard, so the write is refused
+  with 409 "fenced by generation N" and the shard is closed here. Otherwise
+  write the modified object with ``If-Match: <the etag read>``. If S3 refuses
+  that condition (412, or 409 for a concurrent write), the object is read
+  again to decide: a newer generation fences the shard the same way. A write
+  is never retried blindly. (A stored object still at our generation holding
+  exactly what we wrote means our own write landed and its answer was lost,
+  for example under an SDK retry: only the holder of a generation writes that
+  generation, so it is acknowledged.)
 - Reads check the stored object the same way, so a stale owner cannot serve
   data that a newer owner may already have changed.
 - close: nothing is buffered (each write is in S3 before it is acknowledged),
@@ -71,6 +71,7 @@ import ipaddress
 import json
 import logging
 import os
+import random
 import signal
 import sys
 from collections import Counter
@@ -103,8 +104,9 @@ MAX_KEY_CHARS = 512
 MAX_OBJECT_BYTES = 8 * 1024 * 1024
 #: Largest open/close request body.
 MAX_CONTROL_BYTES = 4096
-#: How many times an open re-reads after losing a race on the object.
-OPEN_ATTEMPTS = 5
+#: How many times an open re-reads after losing a race on the object (an old
+#: owner still writing); then the open fails and the host decides again.
+OPEN_ATTEMPTS = 10
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -393,8 +395,6 @@ class OpenShard:
     generation: int
     etag: str
     data: dict[str, str]
-    #: A write's outcome is unknown, so `etag` may be stale: re-read before use.
-    unsure: bool = False
 
 
 @dataclass
@@ -441,7 +441,10 @@ class ShardApp:
                         data = dict(snap.data)
                         etag = await self.objects.replace(shard, generation, data, snap.etag)
                 except PreconditionFailed:
-                    continue  # lost a race on the object: read it again and decide again
+                    # Lost a race on the object: read it again and decide again.
+                    self.stats["open_races"] += 1
+                    await asyncio.sleep(random.uniform(0, 0.01))
+                    continue
                 state = self.open_shards[shard] = OpenShard(shard, generation, etag, data)
                 self.fenced.pop(shard, None)
                 self.stats["opens"] += 1
@@ -464,10 +467,11 @@ class ShardApp:
     # -- the key-value API -------------------------------------------------------------------
 
     async def put(self, key: str, value: str) -> OpenShard:
-        """Write key=value; the shard's state after the write."""
+        """Write key=value (read, modify, conditional write); the shard's state after."""
         shard = shard_for_key(key, self.shards)
         async with self._lock(shard):
-            state = await self._current(shard, key)
+            state = self._open_state(shard, key)
+            await self._reread(state)
             data = dict(state.data)
             data[key] = value
             if len(encode_object(state.generation, data)) > MAX_OBJECT_BYTES:
@@ -476,26 +480,22 @@ class ShardApp:
                 etag = await self.objects.replace(shard, state.generation, data, state.etag)
             except PreconditionFailed:
                 return self._accepted(await self._after_refusal(state, data))
-            except StorageError as e:
-                if e.applied != "no":
-                    state.unsure = True
-                raise
             state.etag, state.data = etag, data
             return self._accepted(state)
 
     async def get(self, key: str) -> tuple[OpenShard, str | None]:
-        """The key's value, checked against the stored object."""
+        """The key's value, read from the stored object (fenced like a write)."""
         shard = shard_for_key(key, self.shards)
         async with self._lock(shard):
-            state = await self._current(shard, key)
-            await self._resync(state)
+            state = self._open_state(shard, key)
+            await self._reread(state)
             return state, state.data.get(key)
 
     def _accepted(self, state: OpenShard) -> OpenShard:
         self.stats["writes_accepted"] += 1
         return state
 
-    async def _current(self, shard: int, key: str) -> OpenShard:
+    def _open_state(self, shard: int, key: str) -> OpenShard:
         state = self.open_shards.get(shard)
         if state is None:
             self.stats["misdirected"] += 1
@@ -507,33 +507,33 @@ class ShardApp:
             if shard in self.fenced:
                 details["fenced_by"] = self.fenced[shard]
             raise Misdirected(f"shard {shard} is not open on this instance; {hint}", **details)
-        if state.unsure:
-            await self._resync(state)
         return state
 
-    async def _resync(self, state: OpenShard) -> None:
-        """Read the object and adopt it if it is still ours; else fence."""
+    async def _reread(self, state: OpenShard) -> None:
+        """The read of a read-modify-write: a stored generation other than ours
+        fences the shard here. At our generation the object is ours (only the
+        holder of a generation writes it), so it is adopted as the base: that
+        also settles a previous write whose outcome was unknown."""
         snap = await self.objects.read(state.shard)
         if snap is None or snap.generation != state.generation:
             self._fence(state, snap)
-        assert snap is not None
-        state.etag, state.data, state.unsure = snap.etag, dict(snap.data), False
+        state.etag, state.data = snap.etag, dict(snap.data)
 
     async def _after_refusal(self, state: OpenShard, wanted: dict[str, str]) -> OpenShard:
         """S3 refused our conditional write: read the object and decide."""
         try:
             snap = await self.objects.read(state.shard)
         except StorageError as e:
-            state.unsure = True
+            # The 412 may answer an SDK retry of an attempt that landed.
             raise StorageError(f"shard {state.shard}: a write was refused by S3 and the "
-                               f"object could not be read again: {e}", applied="no") from None
+                               f"object could not be read again: {e}",
+                               applied="unknown") from None
         if snap is None or snap.generation != state.generation:
             self._fence(state, snap)
-        assert snap is not None
         if snap.data == wanted:
             # Still our generation (only we write it) and exactly what we wrote:
             # our own write landed and its answer was lost.
-            state.etag, state.data, state.unsure = snap.etag, dict(snap.data), False
+            state.etag, state.data = snap.etag, dict(snap.data)
             return state
         if snap.etag == state.etag:
             # Refused as concurrent (409), and nothing changed: not applied.
@@ -544,6 +544,7 @@ class ShardApp:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _fence(self, state: OpenShard, snap: Snapshot | None) -> NoReturn:
+        """Close the shard here and refuse the request that found it taken."""
         shard = state.shard
         self.open_shards.pop(shard, None)
         by = snap.generation if snap is not None else None
