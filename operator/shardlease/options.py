@@ -32,7 +32,9 @@ class Options(BaseModel):
         "default lease_ttl/6.",
     )
     name: str = Field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname(),
-                      min_length=1, max_length=253)
+                      min_length=1, max_length=253,
+                      pattern=r"^[A-Za-z0-9]([-A-Za-z0-9._]*[A-Za-z0-9])?$",
+                      description="This node's name: letters, digits, '-', '.', '_'.")
     cluster_name: str = Field(default="default", min_length=1, max_length=63,
                               pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$")
     max_concurrency: int = Field(default=16, ge=1)

@@ -18,16 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # so that `tests.k8s.conftest` imports however pytest was started
     sys.path.insert(0, str(ROOT))
 
-# The control plane fixtures, re-exported for the tests of this directory.
-from tests.k8s.conftest import (  # noqa: E402
-    api_client,
-    controlplane,
-    cpmod,
-    kubeconfig,
-    namespace,
-)
-
-__all__ = ["api_client", "controlplane", "kubeconfig", "namespace"]
+# The control plane fixtures come from tests/conftest.py (one per session).
+from tests.k8s.fixtures import cpmod  # noqa: E402
 
 CHART = ROOT / "charts" / "shardlease"
 

@@ -211,19 +211,33 @@ def chart_cluster_roles(helm: str, home: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "ClusterRole"]
 
 
-async def apply_cluster_roles(api: client.ApiClient, roles: list[dict[str, Any]]) -> None:
+async def apply_cluster_roles(api: client.ApiClient, roles: list[dict[str, Any]]) -> list[str]:
+    """Create the chart's ClusterRoles where missing; return the names created.
+
+    Roles that exist are left alone: they belong to a Helm release of the
+    chart (tests/chart installs one), and rewriting them would take them away
+    from it. The caller deletes what it created.
+    """
     rbac = client.RbacAuthorizationV1Api(api)
+    created = []
     for role in roles:
-        name = role["metadata"]["name"]
         try:
-            current = await rbac.read_cluster_role(name)
-            role["metadata"]["resourceVersion"] = current.metadata.resource_version
-            await rbac.replace_cluster_role(name, role)
+            await rbac.create_cluster_role(role)
+            created.append(role["metadata"]["name"])
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+    return created
+
+
+async def delete_cluster_roles(api: client.ApiClient, names: list[str]) -> None:
+    rbac = client.RbacAuthorizationV1Api(api)
+    for name in names:
+        try:
+            await rbac.delete_cluster_role(name)
         except client.ApiException as e:
             if e.status != 404:
                 raise
-            role["metadata"].pop("resourceVersion", None)
-            await rbac.create_cluster_role(role)
 
 
 async def service_account_kubeconfig(api: client.ApiClient, admin_kubeconfig: str,

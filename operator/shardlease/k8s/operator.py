@@ -164,9 +164,12 @@ class Operator:
                   message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
 
     def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
+        # No blockOwnerDeletion: it would need update on statefulsets/finalizers
+        # where OwnerReferencesPermissionEnforcement is on, and nothing here
+        # needs the StatefulSet's deletion to wait for its ShardSet.
         meta = sts["metadata"]
         return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": meta["name"],
-                "uid": meta["uid"], "blockOwnerDeletion": True, "controller": True}
+                "uid": meta["uid"], "controller": True}
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json",

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from shardlease.errors import ConfigError
 from shardlease.stores.base import LeaseStore
@@ -31,9 +31,10 @@ def open_store(url: str) -> LeaseStore:
     if scheme == "file":
         from shardlease.stores.file import FileStore
 
-        if parts.netloc not in ("", "localhost") or not parts.path:
+        if parts.netloc not in ("", "localhost") or not parts.path or parts.query \
+                or parts.fragment:
             raise ConfigError(f"file store URL {url!r} must look like file:///absolute/path")
-        return FileStore(parts.path)
+        return FileStore(unquote(parts.path))
     if scheme == "s3":
         from shardlease.stores.s3 import S3Store
 
