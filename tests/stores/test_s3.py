@@ -143,6 +143,31 @@ def test_the_description_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -
     assert description == "s3://leases/p (endpoint http://minio.local:9000/)"
 
 
+async def test_a_store_opened_from_a_url_works_against_that_endpoint(
+        s3_server: S3Server, s3_bucket: str) -> None:
+    store = open_store(s3_server.url(s3_bucket, "from/url"))
+    try:
+        await store.check()
+        await store.create_lease(make_lease(shard=2))
+        assert sorted(await store.list_leases(CLUSTER)) == [2]
+    finally:
+        await store.aclose()
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert keys == [f"from/url/{CLUSTER}/leases/2"]
+
+
+async def test_without_an_endpoint_in_the_url_the_aws_variable_names_it(
+        s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
+    store = S3Store.from_url(f"s3://{s3_bucket}/env?path_style=true")
+    try:
+        await store.create_lease(make_lease(shard=1))
+        assert s3_server.endpoint in store.describe()
+    finally:
+        await store.aclose()
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 1
+
+
 async def test_a_cluster_or_node_name_with_a_slash_is_refused(store: S3Store) -> None:
     with pytest.raises(ConfigError):
         await store.list_leases("a/b")
@@ -427,6 +452,7 @@ class StubS3(BaseHTTPRequestHandler):
     honour_if_none_match: ClassVar[bool] = False
     honour_if_match: ClassVar[bool] = False
     fail_with: ClassVar[int] = 0
+    reject_conditions: ClassVar[bool] = False
     objects: ClassVar[dict[str, bytes]]
     seen: ClassVar[list[str]]
 
@@ -458,6 +484,9 @@ class StubS3(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         current = self.objects.get(self.path)
         etag = f'"{hashlib.md5(current).hexdigest()}"' if current is not None else None
+        if self.reject_conditions and ("If-None-Match" in self.headers
+                                       or "If-Match" in self.headers):
+            return self.error(501, "NotImplemented")
         if self.honour_if_none_match and self.headers.get("If-None-Match") and current is not None:
             return self.error(412, "PreconditionFailed")
         if self.honour_if_match and (wanted := self.headers.get("If-Match")):
@@ -507,6 +536,18 @@ async def test_check_refuses_a_server_that_ignores_a_condition(
     message = str(refused.value)
     assert ignored in message and endpoint in message and "two nodes own a shard" in message
     assert handler.objects == {}, "the probe object was left behind"
+
+
+async def test_check_refuses_a_server_that_does_not_implement_conditions(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
+    endpoint, handler = stub_s3
+    handler.reject_conditions = True
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreUnsafe, match="NotImplemented"):
+            await store.check()
+    finally:
+        await store.aclose()
 
 
 async def test_check_passes_on_a_server_that_honours_both_conditions(
