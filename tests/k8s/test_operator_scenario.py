@@ -16,8 +16,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
+
+from shardlease.routing import shard_for_key
 
 from .conftest import cpmod
 from .scenario import (
@@ -27,6 +30,7 @@ from .scenario import (
     apply_crd,
     bind_cluster_role,
     chart_cluster_roles,
+    delete_cluster_roles,
     eventually,
     free_port,
     make_webhook_cert,
@@ -69,13 +73,15 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     await apply_crd(api)
     procs: list[Proc] = []
+    created_roles: list[str] = []
     apps_by_pod: dict[str, RecordingApp] = {}
     calls: list[dict[str, Any]] = []
     try:
         # -- RBAC exactly as the Helm chart ships it: the operator and the agents
         # authenticate as ServiceAccounts, so a missing permission fails here.
         helm = str(cpmod.ensure_binaries(("helm",))["helm"])
-        await apply_cluster_roles(api, chart_cluster_roles(helm, tmp_path / "helm"))
+        created_roles = await apply_cluster_roles(
+            api, chart_cluster_roles(helm, tmp_path / "helm"))
         await bind_cluster_role(api, namespace, "shardlease-operator", "shardlease-operator")
         operator_kc = await service_account_kubeconfig(
             api, kubeconfig, namespace, "shardlease-operator", tmp_path / "operator.kubeconfig")
@@ -163,14 +169,16 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
 
         # -- one agent per pod, each with its application -----------------------
         agents: dict[str, Proc] = {}
+        agent_ports: dict[str, int] = {}
         for name in pods:
             app = RecordingApp(name, calls)
             await app.start()
             apps_by_pod[name] = app
+            agent_ports[name] = free_port()
             agents[name] = spawn(f"agent-{name}", [
                 "agent", "--shardset", "db", "--namespace", namespace, "--name", name,
-                "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{app.port}"],
-                tmp_path, env={"KUBECONFIG": agent_kc})
+                "--port", str(agent_ports[name]), "--host-url",
+                f"http://127.0.0.1:{app.port}"], tmp_path, env={"KUBECONFIG": agent_kc})
             procs.append(agents[name])
 
         async def balanced(live: list[str]) -> dict[str, Any] | None:
@@ -192,6 +200,34 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         # What the applications were told agrees with the status.
         opened = {s: p for p, a in apps_by_pod.items() for s in a.open}
         assert opened == {int(s): p for s, p in ss["status"]["owners"].items()}
+
+        # Every agent answers lookups the same way, from its own last read.
+        owners = ss["status"]["owners"]
+        async with aiohttp.ClientSession() as http:
+            for name, port in agent_ports.items():
+                base = f"http://127.0.0.1:{port}"
+                async with http.get(f"{base}/readyz") as r:
+                    assert r.status == 200
+                async with http.get(f"{base}/healthz") as r:
+                    assert r.status == 200
+
+                async def agreed(base: str = base) -> bool:
+                    async with http.get(f"{base}/lookup", params={"shard": "5"}) as r:
+                        got = await r.json()
+                    return got["owner"] == owners["5"]
+                await eventually(agreed, f"{name}'s lookup to agree with the status", 20)
+                async with http.get(f"{base}/lookup", params={"shard": "5"}) as r:
+                    got = await r.json()
+                assert got == {"shard": 5, "owner": owners["5"], "address": "127.0.0.1",
+                               "generation": ss["status"]["generations"]["5"]}
+                key_shard = shard_for_key("user-42", SHARDS)
+                async with http.get(f"{base}/lookup", params={"key": "user-42"}) as r:
+                    assert (await r.json())["shard"] == key_shard
+                async with http.get(f"{base}/lookup", params={"shard": "99"}) as r:
+                    assert r.status == 400
+                async with http.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                assert f'shardlease_held_shards{{cluster="db",node="{name}"}}' in text
 
         table = kubectl(kubeconfig, "get", "shardsets", "-n", namespace)
         header, row = table.splitlines()[:2]
@@ -270,6 +306,7 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
             p.stop()
         for a in apps_by_pod.values():
             await a.stop()
+        await delete_cluster_roles(api, created_roles)
         try:
             await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
                 f"shardlease-{namespace}")
