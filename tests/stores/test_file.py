@@ -224,21 +224,6 @@ async def test_a_root_that_cannot_be_created_is_a_store_error_naming_the_path(
         await store.check()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
-async def test_a_read_only_root_is_a_store_error_naming_the_path(tmp_path: Path) -> None:
-    root = tmp_path / "ro"
-    root.mkdir()
-    root.chmod(0o500)
-    try:
-        store = FileStore(root)
-        with pytest.raises(StoreError, match=str(root)):
-            await store.check()
-        with pytest.raises(StoreError, match=str(root)):
-            await store.create_lease(make_lease())
-    finally:
-        root.chmod(0o700)
-
-
 async def test_check_creates_the_root_and_leaves_nothing_behind(tmp_path: Path) -> None:
     root = tmp_path / "new" / "store"
     store = FileStore(root)
