@@ -608,6 +608,18 @@ async def test_a_missing_bucket_is_a_store_error_saying_so(s3_server: S3Server) 
         await store.aclose()
 
 
+async def test_missing_credentials_are_a_store_error_saying_what_to_set(
+        s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    store = s3_store(s3_server, s3_bucket)
+    try:
+        with pytest.raises(StoreError, match=r"no AWS credentials.*AWS_ACCESS_KEY_ID"):
+            await store.list_leases(CLUSTER)
+    finally:
+        await store.aclose()
+
+
 async def test_a_closed_store_opens_a_new_client_when_used_again(store: S3Store) -> None:
     await store.create_lease(make_lease(shard=0))
     await store.aclose()

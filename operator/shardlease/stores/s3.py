@@ -273,7 +273,7 @@ class S3Store(LeaseStore):
 
     async def _call(self, operation: str, key: str, **params: Any) -> dict[str, Any]:
         """One S3 call on `key`; every failure becomes a `_S3Failure`."""
-        s3 = await self._s3()
+        s3 = await self._guard(operation, key, self._s3)  # credentials may fail here
         return await self._guard(
             operation, key, lambda: getattr(s3, operation)(Bucket=self.bucket, **params))
 
