@@ -75,6 +75,18 @@ class TestS3StoreOnMoto(StoreContract):
             await store.aclose()
 
 
+class TestS3StoreOnMinIO(TestS3StoreOnMoto):
+    """The same contract on a real MinIO server: conditional writes as a
+    production S3-compatible store implements them, concurrency included."""
+
+    @pytest.fixture
+    def s3_server(self, minio: S3Server) -> S3Server:
+        return minio
+
+    async def test_the_start_up_probe_accepts_minio(self, store: LeaseStore) -> None:
+        await store.check()
+
+
 @pytest.fixture
 async def store(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
     store = s3_store(s3_server, s3_bucket)

@@ -1,8 +1,8 @@
 """S3 servers for the tests, on loopback, started by the tests themselves.
 
-Today one kind: moto's S3 server, run in a thread of the test process on a
-free port. Child processes reach it over HTTP like any S3 endpoint, so it
-serves process tests too. A second kind (MinIO) can be added to `KINDS`.
+Two kinds: moto's S3 server, run in a thread of the test process on a free
+port, and a real MinIO process (the `minio` fixture). Child processes reach
+either over HTTP like any S3 endpoint, so they serve process tests too.
 
 Use from a test module (or a conftest) with::
 
@@ -117,8 +117,60 @@ def moto_server() -> Iterator[S3Server]:
         server.server_close()
 
 
+@contextmanager
+def minio_server() -> Iterator[S3Server]:
+    """A real MinIO server (built from its Go module by e2e/controlplane and
+    cached) on a free loopback port with a throw-away data directory."""
+    import socket
+    import subprocess
+    import tempfile
+    import time
+    import urllib.request
+
+    from tests.k8s.fixtures import cpmod
+
+    try:
+        binary = cpmod.ensure_binaries(("minio",))["minio"]
+    except cpmod.BuildError as e:
+        pytest.fail(f"cannot build minio (e2e/controlplane build minio):\n{e}", pytrace=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="shardlease-minio-") as data:
+        env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
+               "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "HOME": data}
+        log = open(os.path.join(data, "minio.log"), "wb")
+        proc = subprocess.Popen(
+            [str(binary), "server", os.path.join(data, "d"), "--address", f"127.0.0.1:{port}",
+             "--quiet"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        endpoint = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.flush()
+                        tail = open(os.path.join(data, "minio.log"), "rb").read()[-2000:]
+                        pytest.fail(f"MinIO did not become ready:\n{tail.decode(errors='replace')}",
+                                    pytrace=False)
+                    time.sleep(0.2)
+            yield S3Server(kind="minio", endpoint=endpoint)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            log.close()
+
+
 #: Server kinds by name: a context manager that starts one and yields it.
-KINDS: dict[str, Callable[[], AbstractContextManager[S3Server]]] = {"moto": moto_server}
+KINDS: dict[str, Callable[[], AbstractContextManager[S3Server]]] = {
+    "moto": moto_server, "minio": minio_server}
 
 
 @contextmanager
@@ -138,6 +190,13 @@ def aws_environment(server: S3Server) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     with KINDS["moto"]() as server, aws_environment(server):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def minio() -> Iterator[S3Server]:
+    """A MinIO server for the session (the S3 suite runs on it as on moto)."""
+    with KINDS["minio"]() as server, aws_environment(server):
         yield server
 
 
