@@ -537,3 +537,31 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
     assert outcomes["accepted"] > 0
 
 
+
+
+async def test_the_example_client_follows_the_owners(make_app: MakeApp) -> None:
+    """`shardclient write` then `verify`, with the shards moved in between."""
+    a, b = await make_app(), await make_app()
+    for shard in range(SHARDS):
+        assert (await (a if shard < SHARDS // 2 else b).open(shard, 1)).status == 200
+
+    async def client(command: str) -> dict[str, Any]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "shardlease.examples.shardclient", command,
+            "--apps", f"{a.url},{b.url}", "--shards", str(SHARDS), "--count", "40",
+            "--prefix", "c", "--run", "r1", "--timeout", "10",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, (out, err)
+        result: dict[str, Any] = json.loads(out)
+        return result
+
+    written = await client("write")
+    assert written["ok"] == 40 and written["failed"] == 0
+    assert written["redirects"].get("http_421", 0) > 0
+    # Move half of A's shards to B (close, then open at a higher generation).
+    for shard in range(SHARDS // 4):
+        assert (await a.close(shard)).status == 200
+        assert (await b.open(shard, 2)).status == 200
+    verified = await client("verify")
+    assert verified["ok"] == 40 and verified["failed"] == 0
