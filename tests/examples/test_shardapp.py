@@ -248,6 +248,10 @@ async def test_reopen_at_the_same_generation_and_close(
     # The next owner continues from there.
     assert (await a.open(2, 6)).status == 200
     assert (await a.get(key)).body == {"key": key, "value": "y", "shard": 2, "generation": 6}
+    # A late open of an older generation is refused and leaves the shard open.
+    late = await a.open(2, 5)
+    assert late.status == 409 and late.body["stored_generation"] == 6
+    assert (await a.put(key, "w")).status == 200
 
 
 # -- answers lost in flight ---------------------------------------------------------------------
@@ -317,6 +321,13 @@ async def test_bad_requests_get_clear_answers(make_app: MakeApp) -> None:
     assert (await a.open(0, 1)).status == 200
     too_big = await a.put(key, "x" * (MAX_VALUE_BYTES + 1))
     assert too_big.status == 413, too_big
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+        for _ in range(2):
+            yield b"x" * (MAX_VALUE_BYTES // 2 + 1)
+
+    chunked = await a.call("PUT", f"/kv/{key}", data=chunks())
+    assert chunked.status == 413, chunked
     not_text = await a.call("PUT", f"/kv/{key}", data=b"\xff\xfe")
     assert not_text.status == 400
     assert (await a.get(key)).status == 404

@@ -423,7 +423,14 @@ class ShardApp:
         """Open `shard` at `generation`: fence every older owner, or refuse."""
         self._check_shard(shard)
         async with self._lock(shard):
-            self.open_shards.pop(shard, None)
+            held = self.open_shards.get(shard)
+            if held is not None and held.generation > generation:
+                # A late or stray open: never let it close the newer one held here.
+                self.stats["opens_refused"] += 1
+                raise NewerOwner(f"shard {shard} is open here at generation {held.generation}, "
+                                 f"above {generation}", shard=shard, generation=generation,
+                                 stored_generation=held.generation)
+            self.open_shards.pop(shard, None)  # a failed open leaves the shard closed
             for _ in range(OPEN_ATTEMPTS):
                 snap = await self.objects.read(shard)
                 try:
@@ -577,7 +584,7 @@ class ShardApp:
     # -- HTTP -------------------------------------------------------------------------------------
 
     def web_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_VALUE_BYTES + 1,
+        app = web.Application(client_max_size=MAX_VALUE_BYTES,
                               middlewares=[_errors_middleware])
         app.add_routes([
             web.post("/shards/{shard}/open", self._http_open),
@@ -656,6 +663,8 @@ class ShardApp:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise TooLarge(f"a value is at most {MAX_VALUE_BYTES} bytes") from None
+        if len(raw) > MAX_VALUE_BYTES:
+            raise TooLarge(f"a value is at most {MAX_VALUE_BYTES} bytes")
         try:
             value = raw.decode("utf-8")
         except UnicodeDecodeError:
