@@ -132,7 +132,7 @@ def _mod_download(mod: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = subprocess.run([_go(), "mod", "download", "-json", mod], cwd=d,
                              env=_go_env({"GOFLAGS": "-mod=mod", "GO111MODULE": "on"}),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             capture_output=True, text=True)
     try:
         info = json.loads(out.stdout)
     except json.JSONDecodeError:
@@ -462,7 +462,7 @@ class ControlPlane:
         return self.dir / "state.json"
 
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         bins = ensure_binaries(("etcd", "kube-apiserver"))
         if self.state_dir is None:
             self.state_dir = Path(tempfile.mkdtemp(prefix="shardlease-cp-"))
@@ -481,7 +481,7 @@ class ControlPlane:
                 self._write_kubeconfig()
                 self._write_state()
                 return self
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 last = e
                 self._kill_procs()
                 if "address already in use" not in str(e):
@@ -524,7 +524,8 @@ class ControlPlane:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if p.poll() is not None:
-                raise RuntimeError(f"etcd exited with {p.returncode}:\n{self._log_tail('etcd.log')}")
+                raise RuntimeError(
+                    f"etcd exited with {p.returncode}:\n{self._log_tail('etcd.log')}")
             try:
                 with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as r:
                     if json.loads(r.read()).get("health") == "true":
@@ -618,7 +619,7 @@ class ControlPlane:
         self.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     @classmethod
-    def load(cls, state_dir: Path) -> "ControlPlane | None":
+    def load(cls, state_dir: Path) -> ControlPlane | None:
         """Re-attach to a control plane started by another process (the CLI)."""
         sf = Path(state_dir) / "state.json"
         if not sf.exists():
@@ -662,7 +663,7 @@ class ControlPlane:
         if remove and self.state_dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -750,7 +751,8 @@ def _cmd_status(args: list[str]) -> int:
     if cp is None:
         print("not running")
         for n in BINARIES:
-            print(f"binary {n}: {binary_path(n)} {'(cached)' if binary_path(n).exists() else '(missing)'}")
+            state = "(cached)" if binary_path(n).exists() else "(missing)"
+            print(f"binary {n}: {binary_path(n)} {state}")
         return 1
     run = cp.running()
     print(f"etcd           pid={cp.etcd_pid} {'running' if run['etcd'] else 'DEAD'} {cp.etcd_url}")
