@@ -13,7 +13,9 @@ How: `asyncio`'s `BaseEventLoop._run_once` asks the selector to wait for
 `timeout` seconds exactly when no callback is ready, `timeout` being the time
 until the earliest timer. Our selector polls (for the loop's own self-pipe;
 nothing else is registered) and, if nothing is ready, advances the virtual
-clock by `timeout` instead of sleeping, so the timer becomes due. When there
+clock by `timeout` instead of sleeping, so the timer becomes due. (And it
+moves the clock onto timers asyncio is about to run within its 1 ns
+resolution: see `_reach_due_timers`.) When there
 is no timer either (every task waits for something that can never come), a
 real loop would sleep forever; ours raises `SimulationStuck`.
 
@@ -49,16 +51,41 @@ class _VirtualSelector(selectors.DefaultSelector):
     def __init__(self, clock: _VirtualClock) -> None:
         super().__init__()
         self._clock = clock
+        self.loop: asyncio.BaseEventLoop | None = None
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = super().select(0)
-        if ready or (timeout is not None and timeout <= 0):
+        if ready:
             return ready
         if timeout is None:
             raise SimulationStuck(
                 "every task is waiting and no timer is scheduled: the simulation is stuck")
-        self._clock.now += timeout
+        if timeout > 0:
+            self._clock.now += timeout
+        self._reach_due_timers()
         return []
+
+    def _reach_due_timers(self) -> None:
+        """Right after this call, the loop runs every timer due before
+        now + its clock resolution (1 ns): some a hair early. A real clock
+        has moved on by then; move the virtual one onto the latest of them, so
+        that code woken by a timer at `t` sees `loop.time() >= t` (or a wait
+        until `deadline <= loop.time()` would spin at one instant forever).
+        Reads two private attributes of asyncio's BaseEventLoop (_scheduled,
+        _clock_resolution): stable across CPython 3.8-3.13."""
+        loop = self.loop
+        if loop is None:
+            return
+        resolution: float = loop._clock_resolution  # type: ignore[attr-defined]
+        scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+        while scheduled:
+            now = self._clock.now
+            if scheduled[0].when() >= now + resolution:  # the heap's earliest
+                return
+            due = [h.when() for h in scheduled if now < h.when() < now + resolution]
+            if not due:
+                return
+            self._clock.now = max(due)
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -66,7 +93,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, start: float = 0.0) -> None:
         self._vclock = _VirtualClock(start)
-        super().__init__(_VirtualSelector(self._vclock))
+        selector = _VirtualSelector(self._vclock)
+        super().__init__(selector)
+        selector.loop = self
         self.task_hook: TaskHook | None = None
 
     def time(self) -> float:
