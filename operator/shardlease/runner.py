@@ -174,8 +174,12 @@ class Runner:
                 pending = [st.deadline for st in self._shards.values()
                            if st.reason is not Reason.FENCED and st.state is not State.CLOSED]
                 timeout = max(0.0, min(pending) - now) if pending else None
+                # Not asyncio.wait_for: on Python 3.11 it loses a cancellation
+                # that arrives just as the wake-up comes (the runner would then
+                # never end, and a graceful stop would hang on it).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
         finally:
             self._ending = True
             await self._abort()
