@@ -334,3 +334,19 @@ async def test_start_refuses_a_shard_already_in_the_runner() -> None:
     else:
         raise AssertionError("started twice")
     await h.stop()
+
+
+@virtual
+async def test_cancelling_the_runner_as_it_is_woken_still_stops_it() -> None:
+    # Python 3.11's wait_for loses a cancellation that arrives as the awaited
+    # future completes: the runner must not wait on its wake-up through it.
+    h = Harness().start()
+    h.runner.start(0, 1, deadline=100.0)  # a pending deadline: a timed wait
+    await idle()
+    h.runner.extend(0, 200.0)  # wakes the supervisor...
+    assert h.task is not None
+    h.task.cancel()  # ...in the same instant as it is cancelled
+    done, _ = await asyncio.wait({h.task}, timeout=10)
+    assert done, "the runner ignored its cancellation"
+    assert h.host.open_now == {}
+    await h.stop()
