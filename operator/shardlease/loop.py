@@ -235,6 +235,8 @@ class PlacementLoop:
         leases = await self._read_leases()
         if leases is not None and not self._stopping and self.runner.running:
             await self._claim(leases, share)
+        elif leases is not None and self._stopping:
+            await self._free_strays(leases)
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
@@ -501,6 +503,29 @@ class PlacementLoop:
                     return
                 raise
             self.held.pop(shard, None)
+            self._owners.pop(shard, None)
+            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+
+    async def _free_strays(self, leases: dict[int, Stored[Lease]]) -> None:
+        """Stopping: free the leases that still name this incarnation but that
+        the loop no longer holds (a fenced shard whose free failed, a claim
+        whose answer was lost), so that peers need not wait for them to
+        expire. Nobody else writes this incarnation's records, and the shard
+        is not in the runner, so a compare-and-swap on the version just read
+        frees it safely."""
+        for shard, stored in leases.items():
+            rec = stored.record
+            if rec is None or rec.owner != self.name or rec.incarnation != self.incarnation \
+                    or shard in self.held or self.runner.state(shard) is not None:
+                continue
+            lease = rec.model_copy(update={"owner": None, "incarnation": None,
+                                           "write_id": new_write_id(),
+                                           "renewed_at": self.clock.wall()})
+            try:
+                await self.store.write_lease(lease, stored.version)
+            except StoreError as e:
+                logger.info("could not free the stray lease of shard %d: %s", shard, e)
+                continue
             self._owners.pop(shard, None)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
