@@ -362,3 +362,37 @@ async def test_a_claim_whose_answer_was_lost_is_recognised() -> None:
     assert a.host.open_now == {0: 1}
     assert [ev.generation for _, ev in a.of(Claim)] == [1]
     await a.stop()
+
+
+@virtual
+async def test_graceful_stop_frees_a_fenced_lease_whose_free_had_failed() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1).start()
+    await asyncio.sleep(6)
+    a.store.broken.add("update_lease")  # renewals fail; at 17.5 it is fenced,
+    a.store.broken.add("get_lease")  # and freeing it fails: it is dropped
+    await asyncio.sleep(15)
+    assert a.host.times("close", 0) == [17.5]
+    assert a.loop.held == {}
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner == "a"
+    a.store.broken.clear()
+    await a.stop()
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None and rec.generation == 1
+
+
+@virtual
+async def test_graceful_stop_frees_a_claim_whose_answer_was_lost() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1)
+    a.store.lose_reply["create_lease"] = 1
+    a.store.fail["get_lease"] = 1  # so the claim looks failed
+    a.start()
+    await idle()
+    assert a.loop.held == {} and a.opened() == set()
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner == "a"
+    await a.stop()
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None
