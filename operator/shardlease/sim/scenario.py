@@ -243,8 +243,8 @@ def _check_recoveries(recs: list[Recovery], faults: list[Fault],
                   and f.at <= window[1] and fault_end(f) >= window[0]]
         membership = [f for _, _, f in actions if isinstance(f, Join | Leave)
                       and window[0] <= f.at <= window[1]]
-        survivors = [n for n in world.nodes if n.label != r.node
-                     and n.status in ("left", "running", "leaving")]
+        survivors = [n for n in world.nodes if n.label != r.node and n.started_at <= r.at
+                     and (n.ended_at is None or n.ended_at >= window[1])]
         if others or membership or not survivors or not r.shards:
             continue
         if r.seconds is None or r.seconds > bound:

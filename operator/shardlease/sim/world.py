@@ -127,6 +127,8 @@ class SimNode:
                                   telemetry=self.telemetry)
         self._wrap_runner()
         self.task: asyncio.Task[None] | None = None
+        self.started_at = world.now()
+        self.ended_at: float | None = None  # crashed, departed or died
 
     @property
     def live(self) -> bool:
@@ -454,6 +456,7 @@ class World:
                 f"{self.now():.3f} {node.label}: the placement loop ended on its own "
                 f"({type(exc).__name__ if exc else 'returned'}: {exc})")
             node.status = "died"
+            node.ended_at = self.now()
             self.record(node.label, "died", detail=repr(exc))
             self.host_changed()
 
@@ -471,6 +474,7 @@ class World:
             and lease.incarnation == node.loop.incarnation)
         node.blackholed = True
         node.status = "crashed"
+        node.ended_at = node.ended_at if node.ended_at is not None else self.now()
         self.record(node.label, "crash", detail=",".join(map(str, held)))
         node.host.open_now.clear()
         self.host_changed()
@@ -497,6 +501,7 @@ class World:
             if node.status != "leaving":
                 return  # crashed while leaving
             node.status = "left"
+            node.ended_at = self.now()
             self.record(node.label, "left")
             self._check_departed(node)
 
