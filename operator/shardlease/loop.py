@@ -133,6 +133,8 @@ class PlacementLoop:
         # not delete the heartbeat while a write of it is on its way.
         self._hb_lock = asyncio.Lock()
         self._hb_deleted = False
+        self._stop_started: float | None = None
+        self._strays = True  # leases of ours not held may remain (unknown until a read)
         self._stopping = False
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -172,7 +174,7 @@ class PlacementLoop:
             while True:
                 started = self.clock.monotonic()
                 ok = await self._round()
-                if self._stopping and not self.held:
+                if self._stopping and not self.held and not self._strays_pending():
                     break
                 delay = self.options.interval_s if ok else self.options.interval_s / 2
                 if self._stopping:
@@ -214,6 +216,7 @@ class PlacementLoop:
         about one interval instead of waiting out the TTL."""
         if not self._stopping:
             self._stopping = True
+            self._stop_started = self.clock.monotonic()
             logger.info("stopping: releasing %d shard(s)", len(self.held))
             try:
                 await self._delete_heartbeat()
@@ -506,6 +509,13 @@ class PlacementLoop:
             self._owners.pop(shard, None)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
+    def _strays_pending(self) -> bool:
+        """Stopping: keep trying to free stray leases for up to a TTL after
+        stop() (by then they have expired anyway)."""
+        if not self._strays or self._stop_started is None:
+            return False
+        return self.clock.monotonic() - self._stop_started < self.ttl
+
     async def _free_strays(self, leases: dict[int, Stored[Lease]]) -> None:
         """Stopping: free the leases that still name this incarnation but that
         the loop no longer holds (a fenced shard whose free failed, a claim
@@ -513,6 +523,7 @@ class PlacementLoop:
         expire. Nobody else writes this incarnation's records, and the shard
         is not in the runner, so a compare-and-swap on the version just read
         frees it safely."""
+        failed = False
         for shard, stored in leases.items():
             rec = stored.record
             if rec is None or rec.owner != self.name or rec.incarnation != self.incarnation \
@@ -525,9 +536,11 @@ class PlacementLoop:
                 await self.store.write_lease(lease, stored.version)
             except StoreError as e:
                 logger.info("could not free the stray lease of shard %d: %s", shard, e)
+                failed = True
                 continue
             self._owners.pop(shard, None)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+        self._strays = failed
 
     async def _drain_tasks(self) -> None:
         if self._tasks:
