@@ -39,7 +39,9 @@ stops gracefully. `ScenarioResult` has:
 - `requests` (per node label, per kind list/get/put/delete, from
   `store.requests`), `rounds` (per node), `requests_per_round` (per node);
 - `counts`: claim, release, lost, self_fence, renew_failed, abandoned,
-  open_err, close_err, crash, pause, leave, start; `claims`, `releases`;
+  left_behind (leases or heartbeat a stop under store failures left to
+  expire), open_err, close_err, crash, pause, leave, start; `claims`,
+  `releases`;
 - `end` (virtual seconds), `real_seconds`, `trace` (`TraceEvent`s),
   `quiescence` (the `Snapshot` checked), `figures()` (JSON-friendly),
   `format_trace()`.

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 
 from shardlease.sim.world import Snapshot, TraceEvent
 
+#: Times within this are the same instant (float rounding of virtual time).
+EPSILON = 1e-9
+
 
 @dataclass
 class Interval:
@@ -140,7 +143,7 @@ def check_exclusive(trace: Sequence[TraceEvent]) -> list[str]:
                 if x.abandoned_i is not None:
                     upto = min(upto, x.abandoned_i)
                 d = dl.at(x.node, shard, upto)
-                if d is None or d > y.start_t:
+                if d is None or d > y.start_t + EPSILON:
                     problems.append(
                         f"(a) shard {shard}: open on {y.node} (generation {y.generation}) at "
                         f"{y.start_t:.3f} while still open on {x.node} (generation "
@@ -172,7 +175,7 @@ def check_deadlines(trace: Sequence[TraceEvent]) -> list[str]:
     for i, ev in enumerate(trace):
         if ev.kind == "open_ok":
             d = dl.at(ev.node, ev.shard, i)
-            if d is None or ev.t > d:
+            if d is None or ev.t > d + EPSILON:
                 problems.append(f"(e) shard {ev.shard}: {ev.node} finished opening generation "
                                 f"{ev.generation} at {ev.t:.3f}, after its deadline {d}")
     for iv in intervals(trace):
@@ -180,7 +183,7 @@ def check_deadlines(trace: Sequence[TraceEvent]) -> list[str]:
                 or iv.abandoned_i is not None:
             continue
         d = dl.at(iv.node, iv.shard, iv.end_i)
-        if d is None or iv.end_t > d:
+        if d is None or iv.end_t > d + EPSILON:
             problems.append(f"(f) shard {iv.shard}: {iv.node} started closing generation "
                             f"{iv.generation} at {iv.end_t:.3f}, after its deadline {d}")
     return problems

@@ -57,7 +57,7 @@ class ScenarioResult:
     requests: dict[str, dict[str, int]]  # node label -> kind (list/get/put/delete) -> count
     rounds: dict[str, int]  # node label -> placement rounds run
     requests_per_round: dict[str, float]  # node label -> store requests per round
-    counts: dict[str, int]  # claim, release, lost, self_fence, renew_failed, abandoned, ...
+    counts: dict[str, int]  # claim, release, lost, self_fence, abandoned, ... (see the package)
     end: float  # virtual seconds simulated
     real_seconds: float = field(compare=False)
 
@@ -217,7 +217,7 @@ async def _scenario(
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "abandoned", "corrupt",
-        "open_err", "close_err", "crash", "pause", "leave", "start"})
+        "open_err", "close_err", "crash", "pause", "leave", "start", "left_behind"})
     requests = {n.label: dict(n.store.requests) for n in world.nodes}
     per_round = {n.label: sum(n.store.requests.values()) / world.rounds[n.label]
                  for n in world.nodes if world.rounds.get(n.label)}

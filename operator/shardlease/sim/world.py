@@ -128,6 +128,7 @@ class SimNode:
         self._wrap_runner()
         self.task: asyncio.Task[None] | None = None
         self.started_at = world.now()
+        self.leave_at: float | None = None
         self.ended_at: float | None = None  # crashed, departed or died
 
     @property
@@ -491,6 +492,7 @@ class World:
         if node.status != "running":
             return None
         node.status = "leaving"
+        node.leave_at = self.now()
         self.record(node.label, "leave")
         self.host_changed()
 
@@ -511,7 +513,10 @@ class World:
                                                       context=ctx)
 
     def _check_departed(self, node: SimNode) -> None:
-        """(g) After a graceful stop: nothing open, no lease, no heartbeat."""
+        """(g) After a graceful stop: nothing open at its host, and -- unless
+        its store calls were failing during the stop, when a lease or the
+        heartbeat may be left to expire (recorded as `left_behind`) -- no
+        lease and no heartbeat of this incarnation."""
         t = f"{self.now():.3f} {node.label}"
         if node.host.open_now:
             self.violations.append(f"{t}: stopped with shards still open at its host: "
@@ -519,13 +524,22 @@ class World:
         kept = [s for s, lease in self.read_leases().items()
                 if lease is not None and lease.owner == node.name
                 and lease.incarnation == node.loop.incarnation]
+        found = self.backend.heartbeats.get((CLUSTER, node.name))
+        beat = found is not None and decode_heartbeat(
+            found[1], CLUSTER, node.name).incarnation == node.loop.incarnation
+        start = node.leave_at if node.leave_at is not None else self.now()
+        failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
+                      and (f.error_rate > 0 or f.lost_reply_rate > 0)
+                      for f in self.store_faults)
+        if failing:
+            if kept or beat:
+                self.record(node.label, "left_behind",
+                            detail=f"leases={kept} heartbeat={beat}")
+            return
         if kept:
             self.violations.append(f"{t}: stopped but its leases were not freed: {kept}")
-        found = self.backend.heartbeats.get((CLUSTER, node.name))
-        if found is not None:
-            hb = decode_heartbeat(found[1], CLUSTER, node.name)
-            if hb.incarnation == node.loop.incarnation:
-                self.violations.append(f"{t}: stopped but its heartbeat is still there")
+        if beat:
+            self.violations.append(f"{t}: stopped but its heartbeat is still there")
 
     def read_leases(self) -> dict[int, Lease | None]:
         out: dict[int, Lease | None] = {}

@@ -1,0 +1,146 @@
+"""The invariant checks catch what they are meant to: synthetic traces."""
+
+from __future__ import annotations
+
+from shardlease.records import Lease
+from shardlease.sim.check import (
+    check_deadlines,
+    check_exclusive,
+    check_generations,
+    check_host_order,
+    check_quiescence,
+    intervals,
+    recoveries,
+)
+from shardlease.sim.world import Snapshot, TraceEvent
+
+
+def ev(t: float, node: str, kind: str, shard: int = -1, gen: int = -1, value: float = 0.0,
+       detail: str = "") -> TraceEvent:
+    return TraceEvent(t, node, kind, shard, gen, value, detail)
+
+
+def owned(node: str, shard: int, gen: int, t0: float, deadline: float,
+          close_at: float | None = None) -> list[TraceEvent]:
+    """A claim, an open, and (optionally) a close of one shard on one node."""
+    out = [ev(t0, node, "deadline", shard, gen, deadline, "claim"),
+           ev(t0, node, "open_call", shard, gen), ev(t0, node, "open_ok", shard, gen)]
+    if close_at is not None:
+        out += [ev(close_at, node, "close_call", shard), ev(close_at, node, "close_ok", shard)]
+    return out
+
+
+def by_time(*parts: list[TraceEvent]) -> list[TraceEvent]:
+    return sorted((e for p in parts for e in p), key=lambda e: e.t)
+
+
+def test_a_clean_handover_passes() -> None:
+    trace = by_time(owned("a", 0, 1, 0.0, 12.5, close_at=10.0), owned("b", 0, 2, 11.0, 30.0))
+    assert check_exclusive(trace) == []
+    assert check_generations(trace) == []
+    assert check_deadlines(trace) == []
+    assert check_host_order(trace) == []
+
+
+def test_two_open_owners_before_the_deadline_are_caught() -> None:
+    trace = by_time(owned("a", 0, 1, 0.0, 12.5, close_at=20.0), owned("b", 0, 2, 11.0, 30.0))
+    problems = check_exclusive(trace)
+    assert len(problems) == 1 and problems[0].startswith("(a) shard 0")
+
+
+def test_an_overlap_after_the_older_deadline_is_allowed_but_a_late_renewal_is_not() -> None:
+    # a is paused: its close comes late, but its deadline (12.5) had passed
+    # when b opened at 16.
+    trace = by_time(owned("a", 0, 1, 0.0, 12.5, close_at=40.0), owned("b", 0, 2, 16.0, 30.0),
+                    [ev(1.0, "a", "pause", value=40.0)])
+    assert check_exclusive(trace) == []
+    # A renewal moving a's deadline past b's open during the overlap is caught.
+    late = [*trace, ev(17.0, "a", "deadline", 0, -1, 29.0, "renew")]
+    late.sort(key=lambda e: e.t)
+    assert check_exclusive(late) != []
+
+
+def test_generations_going_back_are_caught() -> None:
+    trace = by_time(owned("a", 0, 2, 0.0, 12.5, close_at=5.0), owned("b", 0, 2, 6.0, 20.0))
+    assert check_generations(trace)[0].startswith("(b) shard 0")
+
+
+def test_an_open_completing_after_its_deadline_is_caught() -> None:
+    trace = [ev(0.0, "a", "deadline", 0, 1, 5.0), ev(0.0, "a", "open_call", 0, 1),
+             ev(6.0, "a", "open_ok", 0, 1)]
+    assert check_deadlines(trace)[0].startswith("(e)")
+
+
+def test_a_close_starting_after_the_deadline_is_caught_unless_paused_or_failing() -> None:
+    trace = owned("a", 0, 1, 0.0, 5.0, close_at=6.0)
+    assert check_deadlines(trace)[0].startswith("(f)")
+    assert check_deadlines([ev(0.0, "a", "pause", value=9.0), *trace]) == []
+
+
+def test_host_order_violations_are_caught() -> None:
+    twice = [ev(0, "a", "open_call", 0, 1), ev(0, "a", "open_ok", 0, 1),
+             ev(1, "a", "open_call", 0, 2)]
+    assert "without a close" in check_host_order(twice)[0]
+    during = [ev(0, "a", "open_call", 0, 1), ev(0.5, "a", "close_call", 0)]
+    assert "while its open is running" in check_host_order(during)[0]
+    abandoned = [ev(0, "a", "open_call", 0, 1), ev(0, "a", "open_ok", 0, 1),
+                 ev(3, "a", "abandoned", 0, 1, detail="release")]
+    assert check_host_order(abandoned) != []
+    fenced = [*abandoned[:2], ev(3, "a", "abandoned", 0, 1, detail="fenced")]
+    assert check_host_order(fenced) == []
+
+
+def test_intervals_end_at_the_successful_close_or_the_crash() -> None:
+    trace = [*owned("a", 0, 1, 0.0, 50.0),
+             ev(2.0, "a", "close_call", 0), ev(2.5, "a", "close_err", 0),
+             ev(3.0, "a", "close_call", 0), ev(3.5, "a", "close_ok", 0),
+             *owned("a", 1, 1, 4.0, 50.0), ev(9.0, "a", "crash", detail="1")]
+    (first, second) = intervals(trace)
+    assert (first.end_t, first.ended_by) == (3.0, "close")
+    assert (second.end_t, second.ended_by) == (9.0, "crash")
+
+
+def lease(shard: int, owner: str | None, gen: int, inc: str) -> Lease:
+    return Lease(cluster="sim", shard=shard, owner=owner, generation=gen, incarnation=inc,
+                 write_id="w", ttl=15.0)
+
+
+def snapshot(**changes: object) -> Snapshot:
+    base = Snapshot(
+        t=100.0, live={"a": "a", "b": "b"}, incarnations={"a": "ia", "b": "ib"},
+        open={"a": {0: 1}, "b": {1: 3}}, held={"a": {0}, "b": {1}},
+        leases={0: lease(0, "a", 1, "ia"), 1: lease(1, "b", 3, "ib")},
+        lookups={"a": {0: "a", 1: "b"}, "b": {0: "a", 1: "b"}})
+    for k, v in changes.items():
+        setattr(base, k, v)
+    return base
+
+
+def test_quiescence_accepts_a_balanced_placement() -> None:
+    assert check_quiescence(snapshot(), shards=2) == []
+
+
+def test_quiescence_catches_each_kind_of_imbalance() -> None:
+    assert "open on ['a', 'b']" in check_quiescence(
+        snapshot(open={"a": {0: 1, 1: 3}, "b": {1: 3}}, held={"a": {0, 1}, "b": {1}}), 2)[0]
+    assert "no live node" in check_quiescence(
+        snapshot(open={"a": {0: 1}, "b": {}}, held={"a": {0}, "b": set()}), 2)[0]
+    assert "but its lease is" in check_quiescence(
+        snapshot(leases={0: lease(0, "a", 2, "ia"), 1: lease(1, "b", 3, "ib")}), 2)[0]
+    assert "routes shard 1 to None" in check_quiescence(
+        snapshot(lookups={"a": {0: "a", 1: None}, "b": {0: "a", 1: "b"}}), 2)[0]
+    over = check_quiescence(snapshot(
+        live={"a": "a"}, incarnations={"a": "ia"}, open={"a": {0: 1, 1: 3}},
+        held={"a": {0}}, leases={0: lease(0, "a", 1, "ia"), 1: lease(1, "a", 3, "ia")},
+        lookups={"a": {0: "a", 1: "a"}}), 3)
+    assert any("holds leases [0] but has [0, 1] open" in p for p in over)
+    assert any("shard 2 is open on no live node" in p for p in over)
+
+
+def test_recovery_time_is_until_the_last_shard_reopens_elsewhere() -> None:
+    trace = [ev(10.0, "a", "crash", detail="0,1"), ev(12.0, "a", "open_ok", 0, 2),
+             ev(30.0, "b", "open_ok", 0, 2), ev(31.0, "b", "open_ok", 1, 2)]
+    (r,) = recoveries(trace)
+    assert (r.node, r.shards, r.seconds) == ("a", (0, 1), 21.0)
+    (never,) = recoveries(trace[:3])
+    assert never.seconds is None
