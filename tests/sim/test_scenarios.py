@@ -13,6 +13,7 @@ import pytest
 
 from shardlease.sim import (
     Crash,
+    Fault,
     HostFault,
     Join,
     Leave,
@@ -123,7 +124,7 @@ def test_host_open_and_close_failures_are_retried_and_safe() -> None:
 
 
 def test_skewed_wall_clocks_change_nothing() -> None:
-    faults = [Join(40, "n3", wall_skew=-3600.0), Crash(70, "n1"), Leave(90, "n0")]
+    faults: list[Fault] = [Join(40, "n3", wall_skew=-3600.0), Crash(70, "n1"), Leave(90, "n0")]
     plain = ok(run_scenario(nodes=3, shards=16, seed=10, faults=faults))
     skews = {"n0": 7200.0, "n1": -86400.0, "n2": 0.25}
     skewed = ok(run_scenario(nodes=3, shards=16, seed=10, faults=[
@@ -172,8 +173,12 @@ def test_max_concurrency_one_with_slow_opens() -> None:
 
 
 def test_the_same_seed_gives_the_same_trace() -> None:
-    faults = [Crash(40, "n1"), StoreFault(20, 80, latency=0.2, jitter=0.5, error_rate=0.2,
-                                          lost_reply_rate=0.1), Pause(50, "n2", 20), Join(60, "j")]
+    faults: list[Fault] = [
+        Crash(40, "n1"),
+        StoreFault(20, 80, latency=0.2, jitter=0.5, error_rate=0.2, lost_reply_rate=0.1),
+        Pause(50, "n2", 20),
+        Join(60, "j"),
+    ]
     a = run_scenario(nodes=4, shards=20, seed=16, faults=faults)
     b = run_scenario(nodes=4, shards=20, seed=16, faults=faults)
     assert a.trace == b.trace and a.figures() | {"real_seconds": 0} == b.figures() | {

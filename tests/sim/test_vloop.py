@@ -78,7 +78,7 @@ def test_the_task_hook_sees_every_task_and_its_context() -> None:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, VirtualTimeLoop)
         loop.task_hook = lambda task, ctx: seen.append(
-            ctx.get(var) if ctx is not None else var.get())
+            ctx.get(var, "-") if ctx is not None else var.get())
         ctx = contextvars.copy_context()
         ctx.run(var.set, "node")
         await loop.create_task(parent(), context=ctx)

@@ -23,6 +23,7 @@
         wall_skews={"n0": 120.0},  # per initial node
         settle=None,               # after the last fault; default 2*ttl + 4*interval
         recovery_bound=None,       # (d)'s bound; default ttl + 2*interval
+        quiet=True,                # the "shardlease" logger at CRITICAL while it runs
     ) -> ScenarioResult
 
 After the settle time the state is checked for quiescence, then every node

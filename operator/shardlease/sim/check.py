@@ -97,13 +97,14 @@ def intervals(trace: Sequence[TraceEvent]) -> list[Interval]:
     end_i, end_t = len(trace), (trace[-1].t if trace else 0.0)
     for i, ev in enumerate(trace):
         key = (ev.node, ev.shard)
+        iv: Interval | None
         match ev.kind:
             case "open_ok":
                 if (old := current.pop(key, None)) is not None:
                     old.end_i, old.end_t, old.ended_by = i, ev.t, "reopen"
-                iv = Interval(ev.node, ev.shard, ev.generation, i, ev.t)
-                current[key] = iv
-                out.append(iv)
+                new = Interval(ev.node, ev.shard, ev.generation, i, ev.t)
+                current[key] = new
+                out.append(new)
             case "close_call":
                 closing[key] = (i, ev.t)
             case "close_ok":
@@ -117,8 +118,8 @@ def intervals(trace: Sequence[TraceEvent]) -> list[Interval]:
                     iv.abandoned_i = i
             case "crash":
                 for k in [k for k in current if k[0] == ev.node]:
-                    iv = current.pop(k)
-                    iv.end_i, iv.end_t, iv.ended_by = i, ev.t, "crash"
+                    dead = current.pop(k)
+                    dead.end_i, dead.end_t, dead.ended_by = i, ev.t, "crash"
             case _:
                 pass
     for iv in current.values():

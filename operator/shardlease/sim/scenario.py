@@ -4,6 +4,7 @@ with the figures the benchmark reports (see the package docstring)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -123,14 +124,22 @@ def run_scenario(
     wall_skews: Mapping[str, float] | None = None,
     settle: float | None = None,
     recovery_bound: float | None = None,
+    quiet: bool = True,
 ) -> ScenarioResult:
     """Simulate, check, and measure one scenario (see the package docstring)."""
     started = time.perf_counter()
-    result = run_virtual(_scenario(
-        nodes=nodes, shards=shards, seed=seed, lease_ttl=lease_ttl, interval=interval,
-        margin=margin, max_concurrency=max_concurrency, open_timeout=open_timeout,
-        close_timeout=close_timeout, faults=list(faults), wall_skews=dict(wall_skews or {}),
-        settle=settle, recovery_bound=recovery_bound))
+    log = logging.getLogger("shardlease")
+    level = log.level
+    if quiet:  # the injected faults make the loop log a lot; the trace has it all
+        log.setLevel(logging.CRITICAL)
+    try:
+        result = run_virtual(_scenario(
+            nodes=nodes, shards=shards, seed=seed, lease_ttl=lease_ttl, interval=interval,
+            margin=margin, max_concurrency=max_concurrency, open_timeout=open_timeout,
+            close_timeout=close_timeout, faults=list(faults),
+            wall_skews=dict(wall_skews or {}), settle=settle, recovery_bound=recovery_bound))
+    finally:
+        log.setLevel(level)
     result.real_seconds = time.perf_counter() - started
     return result
 
