@@ -89,13 +89,13 @@ def check(case: Case) -> ScenarioResult:
     return result
 
 
-@settings(SETTINGS, max_examples=150)
+@settings(SETTINGS, max_examples=300)
 @given(cases())
 def test_every_invariant_holds_under_any_fault_schedule(case: Case) -> None:
     check(case)
 
 
-@settings(SETTINGS, max_examples=50)
+@settings(SETTINGS, max_examples=80)
 @given(cases(max_faults=3, kinds=(Crash, Join, Leave)))
 def test_membership_changes_recover_and_rebalance(case: Case) -> None:
     result = check(case)
@@ -107,7 +107,7 @@ def test_membership_changes_recover_and_rebalance(case: Case) -> None:
     assert last.seconds is not None and last.seconds <= TTL + 4 * 5.0, last
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=60)
 @given(cases(max_faults=0))
 def test_without_faults_the_start_balances_within_three_rounds(case: Case) -> None:
     result = check(case)
@@ -117,7 +117,7 @@ def test_without_faults_the_start_balances_within_three_rounds(case: Case) -> No
     assert result.counts.get("lost", 0) == 0
 
 
-@settings(SETTINGS, max_examples=10)
+@settings(SETTINGS, max_examples=15)
 @given(cases(max_faults=3))
 def test_the_same_case_gives_the_same_trace(case: Case) -> None:
     note(repr(case))

@@ -114,7 +114,9 @@ class SimNode:
         self.status = "running"  # running, leaving, left, crashed, died
         self.paused_until = -math.inf
         self.blackholed = False
-        self.tasks: set[asyncio.Task[Any]] = set()
+        # Insertion-ordered (a dict, not a set of tasks hashed by address), so
+        # that a crash cancels them in the same order in every run.
+        self.tasks: dict[asyncio.Task[Any], None] = {}
         self.had_pause = False
         self.store_rng = random.Random(f"{world.seed}/{self.label}/store")
         self.host_rng = random.Random(f"{world.seed}/{self.label}/host")
@@ -359,8 +361,8 @@ class World:
     def _on_task(self, task: asyncio.Task[Any], context: contextvars.Context | None) -> None:
         node = context.get(NODE_VAR) if context is not None else NODE_VAR.get()
         if node is not None:
-            node.tasks.add(task)
-            task.add_done_callback(node.tasks.discard)
+            node.tasks[task] = None
+            task.add_done_callback(lambda t: node.tasks.pop(t, None))
 
     def peer_names(self) -> list[str]:
         """Peer discovery: the pods that exist (not crashed, not departed)."""
