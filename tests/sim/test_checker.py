@@ -144,3 +144,17 @@ def test_recovery_time_is_until_the_last_shard_reopens_elsewhere() -> None:
     assert (r.node, r.shards, r.seconds) == ("a", (0, 1), 21.0)
     (never,) = recoveries(trace[:3])
     assert never.seconds is None
+
+
+def test_an_unreported_fence_and_a_free_before_the_close_are_caught() -> None:
+    from shardlease.sim.check import check_release_and_fence
+
+    fine = [*owned("a", 0, 1, 0.0, 5.0), ev(5.0, "a", "self_fence", 0),
+            ev(5.0, "a", "close_call", 0), ev(5.0, "a", "close_ok", 0),
+            ev(5.0, "a", "closed", 0, detail="fenced"), ev(5.5, "a", "release", 0)]
+    assert check_release_and_fence(fine) == []
+    silent = [e for e in fine if e.kind != "self_fence"]
+    assert check_release_and_fence(silent)[0].startswith("(i)")
+    early = [*owned("a", 0, 1, 0.0, 50.0), ev(4.0, "a", "release", 0),
+             ev(5.0, "a", "close_call", 0), ev(5.0, "a", "close_ok", 0)]
+    assert check_release_and_fence(early)[0].startswith("(j)")

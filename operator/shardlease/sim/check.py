@@ -23,7 +23,10 @@ are the runner's, recorded at every claim and every renewal that moved them.
 (g) departures:  a node that stopped gracefully left nothing open, no lease
                  and no heartbeat (checked by the world when the stop ends);
 (h) host order:  per node and shard the host never gets two calls at once,
-                 and never a second open before a close.
+                 and never a second open before a close;
+(i) fences are reported: a shard closed for a fence had a SelfFence event;
+(j) close before free: a node frees a lease only once its host has closed
+                 the shard (or gave up closing it after a fence).
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -221,9 +224,44 @@ def check_host_order(trace: Sequence[TraceEvent]) -> list[str]:
     return problems
 
 
+def check_release_and_fence(trace: Sequence[TraceEvent]) -> list[str]:
+    """(i) a shard closed for a fence was reported in a SelfFence event;
+    (j) a lease is freed (release) only while the node's host has the shard
+    closed -- or open but abandoned after a fence."""
+    reported: set[tuple[str, int]] = set()
+    open_at_host: dict[tuple[str, int], bool] = {}  # -> abandoned
+    problems = []
+    for ev in trace:
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "deadline" if ev.detail == "claim":
+                reported.discard(key)
+            case "self_fence":
+                reported.add(key)
+            case "closed" if ev.detail == "fenced" and key not in reported:
+                problems.append(f"(i) {ev.node} shard {ev.shard}: closed for a fence at "
+                                f"{ev.t:.3f} with no self_fence event")
+            case "open_ok":
+                open_at_host[key] = False
+            case "close_ok":
+                open_at_host.pop(key, None)
+            case "abandoned":
+                if key in open_at_host:
+                    open_at_host[key] = True
+            case "crash":
+                for k in [k for k in open_at_host if k[0] == ev.node]:
+                    del open_at_host[k]
+            case "release" if open_at_host.get(key) is False:
+                problems.append(f"(j) {ev.node} shard {ev.shard}: lease freed at {ev.t:.3f} "
+                                f"while its host still has the shard open")
+            case _:
+                pass
+    return problems
+
+
 def check_trace(trace: Sequence[TraceEvent]) -> list[str]:
     return (check_exclusive(trace) + check_generations(trace) + check_deadlines(trace)
-            + check_host_order(trace))
+            + check_host_order(trace) + check_release_and_fence(trace))
 
 
 def check_quiescence(snap: Snapshot, shards: int) -> list[str]:
