@@ -17,17 +17,19 @@
                        error_rate=0.2, lost_reply_rate=0.1),
             HostFault(at=100, until=130, node="n0", open_latency=2.0, close_latency=1.0,
                       open_error_rate=0.3, close_error_rate=0.3),
-            Join(at=140, node="n3", wall_skew=-300.0),   # a crashed name restarts as "n1#1"
-            Leave(at=150, node="n0"),
-        ],
+            Join(at=140, node="n3", wall_skew=-300.0),   # a new node
+            Join(at=145, node="n1"),     # the crashed n1 restarts: label "n1#1"
+            Leave(at=150, node="n0"),    # graceful stop()
+        ],                         # a fault naming a node not running is ignored
         wall_skews={"n0": 120.0},  # per initial node
         settle=None,               # after the last fault; default 2*ttl + 4*interval
         recovery_bound=None,       # (d)'s bound; default ttl + 2*interval
         quiet=True,                # the "shardlease" logger at CRITICAL while it runs
     ) -> ScenarioResult
 
-After the settle time the state is checked for quiescence, then every node
-stops gracefully. `ScenarioResult` has:
+The initial nodes start at seeded times within the first interval. After
+the settle time the state is checked for quiescence, then every node stops
+gracefully (and is checked for what it left behind). `ScenarioResult` has:
 
 - `ok`, `violations`: the invariants broken (see `shardlease.sim.check`);
 - `recovery`: per crash, `Recovery(node, at, shards, seconds)`: the time from

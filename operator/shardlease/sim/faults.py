@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Crash:
-    """The node dies at `at`: no graceful step at all (see `world.SimNode.crash`)."""
+    """The node dies at `at`: no graceful step at all (see `world.World.crash`
+    and the world module's docstring)."""
 
     at: float
     node: str
