@@ -154,10 +154,14 @@ async def test_processes_hammering_one_lease_lose_no_update(tmp_path: Path) -> N
     wins = sum(int(o) for o in outputs)
     final = valid(await store.get_lease("hammer", 0))
     # Every successful swap raised the generation by one from the version it
-    # read: a lost update would leave the generation below the wins. (A swap
-    # reported as a Conflict although it landed would leave it above: that
-    # takes more than _KEEP swaps by others between one's link and listing.)
-    assert final.generation == wins
+    # read: a lost update would leave the generation below the wins. A swap
+    # reported as a Conflict although it landed leaves it above: that takes
+    # more than _KEEP swaps by others between one's link and its listing,
+    # which eighteen writers hammering one lease on a loaded 2-core machine
+    # can do (seen once in CI-like runs), and a real lease never sees (only
+    # its owner writes it, once an interval). The safe direction: the writer
+    # believes it lost and re-reads; nothing is ever overwritten.
+    assert wins <= final.generation <= wins + 3
     assert 0 < wins <= 6 * 3 * 40
     names = [p.name for p in (root / "hammer" / "leases" / "0").iterdir()]
     assert not [n for n in names if n.startswith(".")], "temporary files were left behind"
