@@ -27,13 +27,13 @@ from pydantic import ValidationError
 from shardlease.errors import ShardleaseError, StoreError
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
-from shardlease.k8s.rest import call
+from shardlease.k8s.login import register_login
 from shardlease.k8s.spec import ShardSetSpec
 from shardlease.k8s.status import build_status, comparable, merge_conditions
 from shardlease.loop import PlacementLoop
 from shardlease.routing import shard_for_key
 from shardlease.stores import open_store
-from shardlease.stores.kubernetes import api_client
+from shardlease.stores.kubernetes import api_client, call
 from shardlease.telemetry import (
     Claim,
     Event,
@@ -95,11 +95,7 @@ class Agent:
             settings.watching.server_timeout = 300
             await self.start()
 
-        @kopf.on.login(registry=reg)
-        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            # A registry of our own has none of kopf's default login handlers.
-            return (kopf.login_with_service_account(**kwargs)
-                    or kopf.login_with_kubeconfig(**kwargs))
+        register_login(reg)
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:

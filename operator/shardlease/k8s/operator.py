@@ -26,10 +26,10 @@ import kopf
 
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import inject, owner_statefulset
-from shardlease.k8s.rest import call
+from shardlease.k8s.login import register_login
 from shardlease.k8s.spec import inject_wanted, spec_from_annotations
 from shardlease.k8s.status import merge_conditions
-from shardlease.stores.kubernetes import api_client
+from shardlease.stores.kubernetes import api_client, call
 
 logger = logging.getLogger("shardlease.operator")
 
@@ -75,11 +75,7 @@ class Operator:
             if self.webhook is not None:
                 settings.admission.server = self.webhook
 
-        @kopf.on.login(registry=reg)
-        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            # A registry of our own has none of kopf's default login handlers.
-            return (kopf.login_with_service_account(**kwargs)
-                    or kopf.login_with_kubeconfig(**kwargs))
+        register_login(reg)
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:

@@ -160,6 +160,33 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lea
         return Stored(version, None, f"invalid lease object {name!r}: {e}")
 
 
+async def call(api: Any, method: str, path: str, body: Any = None,
+               content_type: str = "application/json", request_timeout: float = 15.0,
+               query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
+    """One raw JSON call to the API server: (HTTP status, decoded JSON body);
+    never raises for an HTTP status. Shared with the agent and the operator.
+
+    kubernetes_asyncio's typed models are skipped on purpose: they are slow to
+    deserialize and hide the server's error message, which is what a user needs.
+    """
+    resp = await api.call_api(
+        path, method, query_params=query or [],
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body, auth_settings=["BearerToken"], _preload_content=False,
+        _request_timeout=request_timeout)
+    if isinstance(resp, tuple):
+        resp = resp[0]
+    try:
+        data = await resp.read()
+    finally:
+        resp.release()
+    try:
+        payload = json.loads(data) if data else {}
+    except ValueError:
+        payload = {"message": data[:300].decode(errors="replace")}
+    return int(resp.status), payload
+
+
 async def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A kubernetes_asyncio ApiClient: in-cluster config inside a pod (unless a
     kubeconfig or context is named), else KUBECONFIG / ~/.kube/config."""
@@ -227,30 +254,13 @@ class KubernetesStore(LeaseStore):
                        body: Any = None, kind: str) -> tuple[int, dict[str, Any]]:
         api = await self._client()
         self._count(kind)
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = ("application/merge-patch+json" if method == "PATCH"
-                                       else "application/json")
+        content_type = ("application/merge-patch+json" if method == "PATCH"
+                        else "application/json")
         try:
-            resp = await api.call_api(
-                path, method, query_params=query or [], header_params=headers, body=body,
-                auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=self.timeout)
-            if isinstance(resp, tuple):
-                resp = resp[0]
-            try:
-                data = await resp.read()
-            finally:
-                resp.release()
-        except (TimeoutError, OSError) as e:
+            status, payload = await call(api, method, path, body, content_type,
+                                         request_timeout=self.timeout, query=query)
+        except Exception as e:  # connection errors, timeouts (aiohttp's are not OSErrors)
             raise StoreError(f"kubernetes store: {method} {path} failed: {e!r}") from None
-        except Exception as e:  # aiohttp's errors are not OSErrors
-            raise StoreError(f"kubernetes store: {method} {path} failed: {e!r}") from None
-        try:
-            payload = json.loads(data) if data else {}
-        except ValueError:
-            payload = {"message": data[:200].decode(errors="replace")}
-        status = resp.status
         if status in (401, 403):
             raise StoreError(
                 f"kubernetes store: {method} {path} was refused ({status}): "
