@@ -2,4 +2,5 @@
 
 from shardlease.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a spawned child re-imports the main module
+    raise SystemExit(main())

@@ -1,10 +1,582 @@
-"""`shardlease bench`: figures for the README (not a test). Being written."""
+"""`shardlease bench`: the figures the README quotes (a measurement, not a test).
+
+1. Failover after kill -9, as a fraction of the lease TTL: real `shardlease
+   node` processes on the file store (the demo's machinery), from the kill
+   until every shard the dead node held was open on another node (recorded by
+   the recording host). The same runs time a join and a graceful leave.
+2. Rounds to balance after a node joins, after one leaves (graceful) and after
+   one crashes: the deterministic simulation (`shardlease.sim`, the real loop
+   and runner on virtual time, seed-faithful TTL of 15 s), over several seeds.
+3. Store requests per node per round, in the steady state (every shard owned,
+   nothing moving), for 64, 256 and 1024 shards on each store available here:
+   memory, file, and S3 on moto's server when moto is installed. Requests are
+   counted by the stores themselves (`LeaseStore.requests`: one per backend
+   call, or per HTTP request for S3).
+4. Loop CPU per round: process CPU time (time.process_time, every thread)
+   over those same steady rounds, per node and round. The loops run in this
+   process; moto runs in a child process so that its CPU is not counted.
+
+`--quick` does one repetition of each on the smallest size (the smoke test).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardlease.errors import ShardleaseError
+from shardlease.loop import PlacementLoop
+from shardlease.options import Options
+from shardlease.stores.base import LeaseStore
+from shardlease.telemetry import Claim, Event, Lost, Release, RenewFailed, Round, SelfFence
+
+NODES = 4
+SIZES = (64, 256, 1024)
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+# -- 1. failover with real processes ---------------------------------------------------
+
+
+@dataclass
+class ProcessRun:
+    failover: float | None  # seconds from kill -9 until all the victim's shards reopened
+    join: float  # seconds from the restart until balanced
+    leave: float  # seconds from SIGTERM to one node until balanced
+
+
+async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int) -> ProcessRun:
+    from shardlease.checker import load_events
+    from shardlease.cli import Demo, read_owners, recovery_after
+    from shardlease.stores.file import FileStore
+
+    store_dir = workdir / "store"
+    for sub in ("events", "logs"):
+        (workdir / sub).mkdir(parents=True)
+    demo = Demo(nodes=nodes, shards=shards, store_url=f"file://{store_dir}", cluster="bench",
+                workdir=workdir, ttl=ttl, view="none")
+    store = FileStore(store_dir)
+    names = [f"node-{i}" for i in range(nodes)]
+    try:
+        for name in names:
+            demo.start(name)
+        await demo.wait_balanced(store, "after the start")
+        rows, _ = await read_owners(store, "bench", shards)
+        victim, leaver = names[1], names[0]
+        lost = [r.shard for r in rows if r.owner == victim]
+        killed_at = demo.kill(victim)
+        await demo.wait_balanced(store, "after kill -9")
+        failover = recovery_after(load_events(demo.records), victim, killed_at, lost)
+        await asyncio.sleep(ttl / 3)
+        joined_at = time.time()
+        demo.start(victim)
+        join = await demo.wait_balanced(store, "after the join") - joined_at
+        await asyncio.sleep(ttl / 3)
+        member = demo.members[leaver]
+        assert member.proc is not None
+        left_at = time.time()
+        member.proc.terminate()
+        await asyncio.to_thread(member.proc.wait)
+        member.state = "stopped"
+        leave = await demo.wait_balanced(store, "after the leave") - left_at
+        return ProcessRun(failover, join, leave)
+    finally:
+        demo.stop_all(grace=3 * ttl)
+
+
+def bench_failover(quick: bool) -> None:
+    ttl, shards, nodes = (2.0, 12, 3) if quick else (3.0, 24, 4)
+    repetitions = 1 if quick else 3
+    interval = ttl / 3
+    say(f"== failover after kill -9 (real node processes, file store, {nodes} nodes, "
+        f"{shards} shards, lease TTL {ttl:g}s, interval {interval:g}s) ==")
+    runs = []
+    for i in range(repetitions):
+        workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+        try:
+            run = asyncio.run(_process_run(workdir, ttl, shards, nodes))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        runs.append(run)
+        failover = "not recovered" if run.failover is None else \
+            f"{run.failover:.2f}s = {run.failover / ttl:.2f} x TTL"
+        say(f"  run {i + 1}: failover {failover}; balanced {run.join:.2f}s "
+            f"(~{run.join / interval:.1f} intervals) after a join, {run.leave:.2f}s "
+            f"(~{run.leave / interval:.1f} intervals) after a graceful leave")
+    done = [r.failover / ttl for r in runs if r.failover is not None]
+    say(f"failover time / TTL after kill -9: median {_median(done)}, "
+        f"min {min(done, default=math.nan):.2f}, max {max(done, default=math.nan):.2f} "
+        f"over {len(done)} run(s) (the design's bound: TTL + 2 intervals = 1.67 x TTL)")
+    say()
+
+
+# -- 2. rounds to balance (simulation) ----------------------------------------------------
+
+
+def bench_rounds(quick: bool) -> None:
+    from shardlease.sim import Crash, Join, Leave, run_scenario
+
+    seeds = range(2) if quick else range(10)
+    sizes = (64,) if quick else (64, 256)
+    say(f"== rounds to balance (simulation: real loop and runner on virtual time, memory "
+        f"store, 3 nodes + 1 joining, lease TTL 15s, {len(seeds)} seed(s)) ==")
+    for shards in sizes:
+        rounds: dict[str, list[float]] = {"join": [], "leave": [], "crash": []}
+        unbalanced: Counter[str] = Counter()
+        recovery: list[float] = []
+        problems = 0
+        for seed in seeds:
+            result = run_scenario(nodes=3, shards=shards, seed=seed, faults=[
+                Join(at=60, node="n3"), Leave(at=120, node="n0"), Crash(at=180, node="n1")])
+            problems += len(result.violations)
+            for figure in result.balance:
+                if figure.kind in rounds:
+                    if figure.rounds is None:
+                        unbalanced[figure.kind] += 1
+                    else:
+                        rounds[figure.kind].append(figure.rounds)
+            recovery += [s / result.lease_ttl for s in result.recovery_seconds() if s is not None]
+        for kind, label in (("join", "a node joins"), ("leave", "a node leaves (graceful)"),
+                            ("crash", "a node crashes")):
+            values = rounds[kind]
+            never = f", not balanced in {unbalanced[kind]} run(s)" if unbalanced[kind] else ""
+            say(f"rounds to balance after {label}, {shards} shards: median "
+                f"{_median(values)}, max {max(values, default=math.nan):g}{never}")
+        say(f"  simulated failover time / TTL, {shards} shards: median {_median(recovery)}, "
+            f"max {max(recovery, default=math.nan):.2f}; invariant violations: {problems}")
+    say()
+
+
+# -- 3 and 4. requests and CPU per round in the steady state ----------------------------------
+
+
+class NullHost:
+    """Opens and closes nothing (the loop's own cost only)."""
+
+    async def open(self, shard: int, generation: int) -> None:
+        return None
+
+    async def close(self, shard: int) -> None:
+        return None
+
+
+@dataclass
+class Steady:
+    requests: dict[str, float]  # per node per round, by kind
+    cpu_ms: float  # CPU per node per round
+    rounds: int  # node-rounds measured
+    churn: int  # claims, releases, losses, fences or failed renewals during the window
+
+    @property
+    def total(self) -> float:
+        return sum(self.requests.values())
+
+
+class _Meter:
+    """Watches one loop's telemetry: once `start()`ed, notes its store's
+    request counts and the CPU clock at the end of each of its rounds."""
+
+    def __init__(self, placement: PlacementLoop, rounds: int) -> None:
+        self.placement = placement
+        self.rounds = rounds
+        self.marks: list[tuple[Counter[str], float]] | None = None
+        self.churn = 0
+        self.progressed = asyncio.Event()
+        placement.telemetry.subscribe(self)
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed):
+            if self.marks is not None:
+                self.churn += 1
+        elif isinstance(event, Round) and event.node == self.placement.name:
+            if self.marks is not None and not self.done():
+                self.marks.append((Counter(self.placement.store.requests), time.process_time()))
+            self.progressed.set()
+
+    def start(self) -> None:
+        """Start measuring; call it right after one of the loop's rounds ended
+        (nothing runs between rounds in the steady state)."""
+        self.marks = [(Counter(self.placement.store.requests), time.process_time())]
+
+    def done(self) -> bool:
+        return self.marks is not None and len(self.marks) > self.rounds
+
+    def balanced(self, nodes: int, shards: int) -> bool:
+        """As this node sees it: every node live, every shard owned by a live
+        node, and this node within its fair share."""
+        p = self.placement
+        live = p.live_nodes()
+        return (len(live) == nodes and len(p.held) <= math.ceil(shards / nodes)
+                and all(o.owner in live for o in p.owners()))
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.progressed.clear()
+            await self.progressed.wait()
+
+    async def settle(self, nodes: int, shards: int) -> None:
+        """Wait for the end of a round after which this node sees the cluster
+        balanced (returns right after that round)."""
+        while True:
+            before = self.placement.rounds
+            await self.until(lambda b=before: self.placement.rounds > b)  # type: ignore[misc]
+            if self.balanced(nodes, shards):
+                return
+
+    def steady(self) -> Steady:
+        assert self.marks is not None and self.done()
+        (first, cpu0), (last, cpu1) = self.marks[0], self.marks[-1]
+        return Steady({k: v / self.rounds for k, v in sorted((last - first).items())},
+                      1000 * (cpu1 - cpu0) / self.rounds, self.rounds, self.churn)
+
+
+def _combine(parts: list[Steady]) -> Steady:
+    n = len(parts)
+    kinds = sorted({k for p in parts for k in p.requests})
+    return Steady({k: sum(p.requests.get(k, 0.0) for p in parts) / n for k in kinds},
+                  sum(p.cpu_ms for p in parts) / n, sum(p.rounds for p in parts),
+                  sum(p.churn for p in parts))
+
+
+def _options(name: str, shards: int, ttl: float) -> Options:
+    return Options.make(shards=shards, lease_ttl=ttl, name=name, cluster_name="bench")
+
+
+async def steady_in_process(make_store: Callable[[], LeaseStore], shards: int, ttl: float,
+                            rounds: int) -> Steady:
+    """NODES loops in this process (the memory store cannot be shared across
+    processes). CPU is the whole process's over the window, per node-round."""
+    loops = [PlacementLoop(make_store(), NullHost(), _options(f"b{i}", shards, ttl))
+             for i in range(NODES)]
+    meters = [_Meter(p, rounds) for p in loops]
+    tasks = [asyncio.create_task(p.run()) for p in loops]
+    try:
+        async with asyncio.timeout(40 * ttl):
+            await asyncio.gather(*(m.settle(NODES, shards) for m in meters))
+        cpu, before = time.process_time(), sum(p.rounds for p in loops)
+        for m in meters:
+            m.start()
+        await asyncio.gather(*(m.until(m.done) for m in meters))
+        cpu, done = time.process_time() - cpu, sum(p.rounds for p in loops) - before
+        steady = _combine([m.steady() for m in meters])
+        steady.cpu_ms = 1000 * cpu / done  # the process's CPU, shared by the loops
+        return steady
+    finally:
+        for p in loops:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(p.stop(), 10 * ttl)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def node_worker(argv: list[str]) -> None:
+    """One node in a process of its own (`steady_processes` drives it over
+    stdin/stdout, one JSON line each way per step):
+
+    1. write a heartbeat and say "ready"; wait for "go" (so that every node
+       sees every other from its first round: a cold start without the churn
+       of one node claiming everything first);
+    2. run the loop; once settled, measure and print the figures;
+    3. keep running, so the others measure a steady cluster, until killed
+       (or stdin closes: then stop gracefully).
+    """
+    import json
+    import logging
+    import uuid
+
+    from shardlease.records import Heartbeat, new_write_id
+    from shardlease.stores import open_store
+
+    # SHARDLEASE_BENCH_LOG=DIR: each node logs its rounds and events there.
+    log_dir = os.environ.get("SHARDLEASE_BENCH_LOG")
+    logging.basicConfig(level=logging.INFO if log_dir else logging.CRITICAL,
+                        filename=f"{log_dir}/{argv[1]}.log" if log_dir else None,
+                        format="%(created).3f %(name)s %(message)s")
+    store_url, name = argv[0], argv[1]
+    shards, ttl, rounds = int(argv[2]), float(argv[3]), int(argv[4])
+
+    def tell(out: dict[str, Any]) -> None:
+        print(json.dumps(out), flush=True)
+
+    async def run() -> None:
+        store = open_store(store_url)
+        await store.put_heartbeat(Heartbeat(cluster="bench", node=name, seq=0,
+                                            incarnation=uuid.uuid4().hex,
+                                            write_id=new_write_id(), at=time.time()))
+        tell({"ready": True})
+        await asyncio.to_thread(sys.stdin.readline)
+        placement = PlacementLoop(store, NullHost(), _options(name, shards, ttl))
+        meter = _Meter(placement, rounds)
+        if log_dir:
+            from shardlease.telemetry import log_events
+
+            logging.getLogger("shardlease").setLevel(logging.DEBUG)
+            placement.telemetry.subscribe(log_events)
+        task = asyncio.create_task(placement.run())
+        try:
+            async with asyncio.timeout(40 * ttl):
+                await meter.settle(NODES, shards)
+                meter.start()
+                await meter.until(meter.done)
+            tell(dataclasses.asdict(meter.steady()))
+        except Exception as e:
+            tell({"error": f"{type(e).__name__}: {e}" if str(e) else type(e).__name__})
+        await asyncio.to_thread(sys.stdin.readline)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(placement.stop(), 10 * ttl)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await store.aclose()
+
+    try:
+        asyncio.run(run())
+    except Exception as e:
+        tell({"error": f"{type(e).__name__}: {e}"})
+
+
+_WORKER = "import sys; from shardlease.bench import node_worker; node_worker(sys.argv[1:])"
+
+
+def steady_processes(store_url: str, shards: int, ttl: float, rounds: int) -> Steady:
+    """NODES node processes on one store; each measures its own requests and
+    CPU (time.process_time of that process) over `rounds` of its rounds."""
+    import json
+    import queue
+    import threading
+
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, store_url, f"b{i}", str(shards),
+                               str(ttl), str(rounds)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for i in range(NODES)]
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read(out: Any) -> None:
+        for line in out:
+            lines.put(line)
+        lines.put("")  # the process is gone
+
+    for proc in procs:
+        threading.Thread(target=read, args=(proc.stdout,), daemon=True).start()
+
+    def collect(timeout: float) -> list[dict[str, Any]]:
+        got = []
+        for _ in procs:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError("a node process did not answer in time") from None
+            out = json.loads(line) if line.strip() else {"error": "a node process died"}
+            if "error" in out:
+                raise RuntimeError(out["error"])
+            got.append(out)
+        return got
+
+    def send(line: str) -> None:
+        for proc in procs:
+            assert proc.stdin is not None
+            with contextlib.suppress(OSError):
+                proc.stdin.write(line + "\n")
+                proc.stdin.flush()
+
+    try:
+        collect(60.0)  # ready
+        send("go")
+        return _combine([Steady(**out) for out in collect(60 * ttl)])
+    finally:
+        # Measured: no graceful stop needed (the store is thrown away), and
+        # freeing a thousand leases on a slow store takes a round.
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+_MOTO = """
+import sys, threading
+from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                           create_backend_app)
+from werkzeug.serving import make_server
+app = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def serial(environ, start_response):  # moto's conditional PUTs are atomic only serialised
+    with lock:
+        return list(app(environ, start_response))
+server = make_server("127.0.0.1", 0, serial, threaded=True, request_handler=MotoRequestHandler)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+@contextlib.contextmanager
+def moto_endpoint() -> Iterator[str | None]:
+    """moto's S3 server in a child process on loopback (None: moto is not
+    installed). Sets test credentials in this process's environment."""
+    try:
+        import moto  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", _MOTO], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        saved = dict(os.environ)
+        os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                           "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                           "AWS_CONFIG_FILE": os.devnull,
+                           "AWS_SHARED_CREDENTIALS_FILE": os.devnull})
+        os.environ.pop("AWS_SESSION_TOKEN", None)
+        os.environ.pop("AWS_PROFILE", None)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+async def _create_bucket(endpoint: str, bucket: str) -> None:
+    from aiobotocore.session import get_session  # type: ignore[import-untyped]
+
+    async with get_session().create_client("s3", endpoint_url=endpoint,
+                                           region_name="us-east-1") as client:
+        await client.create_bucket(Bucket=bucket)
+
+
+def file_latency(directory: str) -> float:
+    """Seconds one conditional lease write takes in `directory` (it fsyncs)."""
+    from shardlease.records import Lease, new_write_id
+    from shardlease.stores.file import FileStore
+
+    async def measure() -> float:
+        store = FileStore(directory)
+        started = time.perf_counter()
+        for shard in range(20):
+            await store.create_lease(Lease(cluster="latency", shard=shard, owner="b",
+                                           generation=1, write_id=new_write_id(), ttl=3.0))
+        return (time.perf_counter() - started) / 20
+
+    return asyncio.run(measure())
+
+
+def bench_requests(quick: bool) -> None:
+    from shardlease.stores.memory import MemoryBackend, MemoryStore
+
+    sizes = SIZES[:1] if quick else SIZES
+    rounds = 2
+    say(f"== store requests per node per round and loop CPU per round (steady state: "
+        f"{NODES} nodes, every shard owned, nothing moving; {rounds} rounds of each node) ==")
+    say("  memory: 4 loops in one process; file and s3: 4 node processes, each measuring "
+        "its own requests and CPU")
+    say("  requests: one per store call (memory, file), one per HTTP request (s3)")
+
+    def measure(kind: str, run: Callable[[int], Steady]) -> None:
+        for shards in sizes:
+            started = time.monotonic()
+            try:
+                row: Steady | str = run(shards)
+            except (RuntimeError, ShardleaseError, TimeoutError) as e:
+                row = f"failed: {type(e).__name__}: {e}"
+            _print_row(kind, shards, row, time.monotonic() - started)
+
+    def memory(shards: int) -> Steady:
+        backend = MemoryBackend()
+        return asyncio.run(steady_in_process(lambda: MemoryStore(backend, name="bench"),
+                                             shards, 1.5, rounds))
+
+    measure("memory", memory)
+
+    # tmpfs when there is one: the figures are requests and CPU, and a disk's
+    # fsync latency would only stretch the rounds (reported separately below).
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+    def file(shards: int) -> Steady:
+        directory = tempfile.mkdtemp(prefix="shardlease-bench-", dir=shm)
+        try:
+            return steady_processes(f"file://{directory}", shards, max(1.5, shards / 200),
+                                    rounds)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    measure("file" + (" (tmpfs)" if shm else ""), file)
+
+    with moto_endpoint() as endpoint:
+        if endpoint is None:
+            say("s3: not measured (moto is not installed: pip install 'moto[server]')")
+        else:
+            def s3(shards: int) -> Steady:
+                bucket = f"bench-{shards}-{os.urandom(3).hex()}"
+                asyncio.run(_create_bucket(endpoint, bucket))
+                url = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
+                # moto serves each request in turn: a round of 1024 shards took ~13 s
+                # here (4 nodes, 2 CPUs), so the interval (TTL/3) must exceed it.
+                ttl = min(45.0, max(3.0, shards / 17))
+                return steady_processes(url, shards, ttl, rounds)
+
+            measure("s3 (moto)", s3)
+
+    directory = tempfile.mkdtemp(prefix="shardlease-bench-")
+    try:
+        latency = file_latency(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    say(f"file store write latency in {tempfile.gettempdir()} (fsync): {1000 * latency:.1f} ms; "
+        f"writes are serialised per cluster, so a renewal round of S shards takes about "
+        f"S x {1000 * latency:.1f} ms there (keep it well under the interval)")
+    say()
+
+
+def _print_row(kind: str, shards: int, steady: Steady | str, took: float) -> None:
+    if isinstance(steady, str):
+        say(f"store requests per node per round, {kind}, {shards} shards: {steady}")
+        return
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in steady.requests.items())
+    quiet = "" if steady.churn == 0 else f" (not quiet: {steady.churn} claims/releases/fences)"
+    say(f"store requests per node per round, {kind}, {shards} shards: {steady.total:.1f} "
+        f"({parts}){quiet}")
+    say(f"loop CPU per round, {kind}, {shards} shards: {steady.cpu_ms:.2f} ms per node "
+        f"(over {steady.rounds} node-rounds; measured in {took:.0f}s)")
+
+
+# -- the command ----------------------------------------------------------------------------
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    print("bench: not yet written")
-    return 1
+    import logging
+
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    started = time.monotonic()
+    say(f"shardlease bench{' --quick' if args.quick else ''} ({os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]})")
+    say()
+    bench_failover(args.quick)
+    bench_rounds(args.quick)
+    bench_requests(args.quick)
+    say(f"bench done in {time.monotonic() - started:.0f}s")
+    return 0

@@ -159,10 +159,11 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
 
     try:
         await store.check()
-    except ShardleaseError as e:
-        return _fail(f"store {args.store}: {e}", EXIT_FAILED)
     except Exception as e:  # an unexpected client failure is still a store failure
-        return _fail(f"store {args.store}: {type(e).__name__}: {e}", EXIT_FAILED)
+        with contextlib.suppress(Exception):
+            await store.aclose()
+        what = str(e) if isinstance(e, ShardleaseError) else f"{type(e).__name__}: {e}"
+        return _fail(f"store {args.store}: {what}", EXIT_FAILED)
 
     telemetry = Telemetry()
     telemetry.subscribe(log_events)
@@ -354,7 +355,8 @@ class Demo:
     cluster: str
     workdir: Path
     ttl: float
-    live_view: bool
+    #: "table" (redrawn on a terminal), "json" (lines) or "none" (the bench).
+    view: str
     keep: bool = False
     timeout: float = 60.0
     started: float = field(default_factory=time.time)
@@ -393,13 +395,15 @@ class Demo:
 
     def say(self, what: str) -> None:
         self.phase = what
-        if not self.live_view:
+        if self.view == "json":
             print(json.dumps({"t": round(time.time() - self.started, 3), "phase": what}),
                   flush=True)
 
     def show(self, rows: Sequence[OwnerRow]) -> None:
         owners = [r.owner for r in rows]
-        if self.live_view:
+        if self.view == "none":
+            return
+        if self.view == "table":
             view = self._table(rows)
             if view != self._last_view:
                 sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")
@@ -599,9 +603,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e), EXIT_CONFIG)
     setup_logging("text", "warning")
+    view = "table" if sys.stdout.isatty() else "json"
     demo = Demo(nodes=args.nodes, shards=args.shards, store_url=store_url, cluster=cluster,
-                workdir=workdir, ttl=args.lease_ttl, live_view=sys.stdout.isatty(),
-                keep=args.keep)
+                workdir=workdir, ttl=args.lease_ttl, view=view, keep=args.keep)
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

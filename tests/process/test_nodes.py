@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from shardlease.checker import check_events
+from tests.support.s3server import S3Server
 
 from .cluster import WAIT, LocalCluster, counts, held_by
 from .conftest import MakeCluster
@@ -29,12 +30,19 @@ SHARDS = 16
 TTL = 2.0
 
 
-@pytest.fixture(params=["file"])
+# The fixtures s3_server (moto's S3 server over HTTP on loopback, session-wide).
+pytest_plugins = ["tests.support.s3server"]
+
+
+@pytest.fixture(params=["file", "s3"])
 def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
             tmp_path: Path) -> LocalCluster:
+    """The nodes' store: the embedded file store, or S3 (moto) over HTTP."""
     if request.param == "file":
         return make_cluster(f"file://{tmp_path / 'store'}", shards=SHARDS, ttl=TTL)
-    raise AssertionError(request.param)
+    server: S3Server = request.getfixturevalue("s3_server")
+    return make_cluster(server.url(server.create_bucket(), "sl"), shards=SHARDS, ttl=TTL,
+                        env=server.env())
 
 
 def wait_events(cluster: LocalCluster, what: str,

@@ -1,0 +1,39 @@
+"""`shardlease bench --quick` runs and prints every figure (a smoke test: the
+figures themselves are measurements, never asserted)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FIGURES = [
+    r"failover time / TTL after kill -9: median \d+\.\d+",
+    r"run 1: failover \d+\.\d+s = \d+\.\d+ x TTL",
+    r"rounds to balance after a node joins, 64 shards: median \d",
+    r"rounds to balance after a node leaves \(graceful\), 64 shards: median \d",
+    r"rounds to balance after a node crashes, 64 shards: median \d",
+    r"store requests per node per round, memory, 64 shards: \d+\.\d+ \(",
+    r"loop CPU per round, memory, 64 shards: \d+\.\d+ ms per node",
+    r"store requests per node per round, file[^,]*, 64 shards: \d+\.\d+ \(",
+    r"loop CPU per round, file[^,]*, 64 shards: \d+\.\d+ ms per node",
+    r"store requests per node per round, s3 \(moto\), 64 shards: \d+\.\d+ \(",
+    r"loop CPU per round, s3 \(moto\), 64 shards: \d+\.\d+ ms per node",
+    r"file store write latency in .* \d+\.\d+ ms",
+]
+
+
+def test_bench_quick_prints_every_figure() -> None:
+    result = subprocess.run([sys.executable, "-m", "shardlease", "bench", "--quick"],
+                            capture_output=True, text=True, timeout=600,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    missing = [f for f in FIGURES if not re.search(f, result.stdout)]
+    assert not missing, f"missing {missing} in:\n{result.stdout}"
+    assert "failed:" not in result.stdout
+    assert "not recovered" not in result.stdout
+    assert "Traceback" not in result.stderr
