@@ -434,9 +434,9 @@ server.serve_forever()
 def moto_endpoint() -> Iterator[str | None]:
     """moto's S3 server in a child process on loopback (None: moto is not
     installed). Sets test credentials in this process's environment."""
-    try:
-        import moto  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None:
         yield None
         return
     proc = subprocess.Popen([sys.executable, "-c", _MOTO], stdout=subprocess.PIPE,
