@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlease.checker import check_events, load_events, tenures
-from shardlease.cli import _watch_deadlines
+from shardlease.cli import record_deadlines
 from shardlease.hosts.record import RecordHost
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
@@ -144,7 +144,7 @@ async def test_recorded_in_process_loops_pass_the_check(tmp_path: Path) -> None:
         host = RecordHost(str(path), name)
         placement = PlacementLoop(MemoryStore(backend, name="t"), host, options)
         placement.telemetry.subscribe(host.on_event)
-        _watch_deadlines(placement, host)
+        record_deadlines(placement, host)
         loops.append(placement)
         tasks.append(asyncio.create_task(placement.run()))
         await asyncio.sleep(0.8)

@@ -29,13 +29,17 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardlease.errors import ConfigError, ShardleaseError
 from shardlease.hosts.base import Host
+from shardlease.hosts.record import RecordHost
 from shardlease.options import Options
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
+
+if TYPE_CHECKING:
+    from shardlease.loop import PlacementLoop
 
 logger = logging.getLogger("shardlease.cli")
 
@@ -118,8 +122,6 @@ def make_host(spec: str, node: str) -> Host:
 
         return HttpHost(spec)
     if spec.startswith("record:") and len(spec) > len("record:"):
-        from shardlease.hosts.record import RecordHost
-
         path = spec[len("record:"):]
         try:
             return RecordHost(path, node)
@@ -128,17 +130,21 @@ def make_host(spec: str, node: str) -> Host:
     raise ConfigError(f"--host {spec!r}: use log, http://HOST:PORT or record:PATH")
 
 
-def _watch_deadlines(placement: Any, host: Any) -> None:
+def record_deadlines(placement: PlacementLoop, host: RecordHost) -> None:
     """Let a recording host see the runner's deadlines, in wall time: at each
     open, and whenever a renewal moves one (the runner has no event for that,
     so its `extend` is wrapped on this one instance)."""
     runner = placement.runner
     clock = placement.clock
 
-    def wall(deadline: float | None) -> float | None:
-        return None if deadline is None else time.time() + (deadline - clock.monotonic())
+    def wall(deadline: float) -> float:
+        return time.time() + (deadline - clock.monotonic())
 
-    host.deadline_of = lambda shard: wall(runner.deadline(shard))
+    def deadline_of(shard: int) -> float | None:
+        deadline = runner.deadline(shard)
+        return None if deadline is None else wall(deadline)
+
+    host.deadline_of = deadline_of
     extend = runner.extend
 
     def extend_and_record(shard: int, deadline: float) -> None:
@@ -149,14 +155,25 @@ def _watch_deadlines(placement: Any, host: Any) -> None:
         if after is not None and after != before and held is not None:
             host.deadline_moved(shard, held.lease.generation, wall(after))
 
-    runner.extend = extend_and_record
+    runner.extend = extend_and_record  # type: ignore[method-assign]
 
 
 async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore, host: Host,
                    peers: dict[str, str]) -> int:
     from shardlease.loop import PlacementLoop
-    from shardlease.telemetry import Telemetry, log_events
+    from shardlease.telemetry import PrometheusMetrics, Telemetry, log_events
 
+    telemetry = Telemetry()
+    telemetry.subscribe(log_events)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(args.metrics_port, addr="127.0.0.1")
+        except OSError as e:
+            return _fail(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: "
+                         f"{e.strerror or e}", EXIT_FAILED)
+        telemetry.subscribe(PrometheusMetrics())
     try:
         await store.check()
     except Exception as e:  # an unexpected client failure is still a store failure
@@ -165,26 +182,13 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
         what = str(e) if isinstance(e, ShardleaseError) else f"{type(e).__name__}: {e}"
         return _fail(f"store {args.store}: {what}", EXIT_FAILED)
 
-    telemetry = Telemetry()
-    telemetry.subscribe(log_events)
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        from shardlease.telemetry import PrometheusMetrics
-
-        try:
-            start_http_server(args.metrics_port, addr="127.0.0.1")
-        except OSError as e:
-            return _fail(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: "
-                         f"{e.strerror or e}", EXIT_FAILED)
-        telemetry.subscribe(PrometheusMetrics())
     placement = PlacementLoop(store, host, options, peers=peers.keys, telemetry=telemetry)
-    recorder = getattr(host, "record", None)
+    recorder = host if isinstance(host, RecordHost) else None
     if recorder is not None:
-        telemetry.subscribe(host.on_event)  # type: ignore[attr-defined]
-        _watch_deadlines(placement, host)
-        recorder("node_start", cluster=options.cluster_name, shards=options.shards,
-                 lease_ttl=options.lease_ttl)
+        telemetry.subscribe(recorder.on_event)
+        record_deadlines(placement, recorder)
+        recorder.record("node_start", cluster=options.cluster_name, shards=options.shards,
+                        lease_ttl=options.lease_ttl)
 
     loop = asyncio.get_running_loop()
     running = asyncio.create_task(placement.run(), name="shardlease-loop")
@@ -232,7 +236,8 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if recorder is not None:
-            recorder("node_stop", code=code)
+            recorder.record("node_stop", code=code)
+            recorder.close_file()
         with contextlib.suppress(Exception):
             await store.aclose()
         if hasattr(host, "aclose"):
