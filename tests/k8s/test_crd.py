@@ -1,0 +1,47 @@
+"""The ShardSet CRD on a real API server: its schema refuses bad specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from .scenario import apply_crd
+
+GOOD = {"statefulSet": "db", "shards": 4, "store": "kubernetes://ns"}
+
+
+def shardset(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "shardlease.io/v1alpha1", "kind": "ShardSet",
+            "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.mark.parametrize(("change", "complaint"), [
+    ({"shards": 0}, "spec.shards"),
+    ({"leaseTTL": 0}, "spec.leaseTTL"),
+    ({"interval": -1}, "spec.interval"),
+    ({"margin": 20}, "margin must be less than leaseTTL"),
+    ({"leaseTTL": 6, "interval": 5.5}, "interval must be less than leaseTTL - margin"),
+    ({"store": "ftp://somewhere"}, "spec.store"),
+    ({"store": None}, "spec.store"),
+    ({"host": {"url": "localhost:8080"}}, "spec.host.url"),
+])
+async def test_a_bad_spec_is_refused_with_the_field_named(
+        namespace: str, api_client: client.ApiClient, change: dict[str, Any],
+        complaint: str) -> None:
+    await apply_crd(api_client)
+    spec = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(client.ApiException) as caught:
+        await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("bad", spec))
+    assert caught.value.status == 422
+    assert complaint in caught.value.body
+
+
+async def test_a_good_spec_gets_the_defaults(namespace: str, api_client: client.ApiClient) -> None:
+    await apply_crd(api_client)
+    made = await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("good", GOOD))
+    assert made["spec"]["leaseTTL"] == 15
+    assert made["spec"]["maxConcurrency"] == 16
