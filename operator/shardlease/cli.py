@@ -593,20 +593,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         Options.make(shards=args.shards, lease_ttl=args.lease_ttl, name="demo")
     except ConfigError as e:
         return _fail(str(e), EXIT_CONFIG)
+    if args.store is not None and args.store.startswith("memory:"):
+        return _fail("--store memory:// lives in one process; the demo runs several "
+                     "(use file:///path or s3://bucket/prefix)", EXIT_CONFIG)
+    try:
+        given = None if args.store is None else open_store(args.store)
+    except ConfigError as e:
+        return _fail(str(e), EXIT_CONFIG)
     workdir = Path(tempfile.mkdtemp(prefix="shardlease-demo-"))
     for sub in ("events", "logs"):
         (workdir / sub).mkdir()
-    if args.store is None:
+    if given is None:
         store_url, cluster = f"file://{workdir / 'store'}", "demo"
-    else:
-        if args.store.startswith("memory:"):
-            return _fail("--store memory:// lives in one process; the demo runs several "
-                         "(use file:///path or s3://bucket/prefix)", EXIT_CONFIG)
-        store_url, cluster = args.store, f"demo-{os.urandom(3).hex()}"
-    try:
         store = open_store(store_url)
-    except ConfigError as e:
-        return _fail(str(e), EXIT_CONFIG)
+    else:
+        store_url, cluster, store = args.store, f"demo-{os.urandom(3).hex()}", given
     setup_logging("text", "warning")
     view = "table" if sys.stdout.isatty() else "json"
     demo = Demo(nodes=args.nodes, shards=args.shards, store_url=store_url, cluster=cluster,
