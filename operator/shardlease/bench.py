@@ -547,8 +547,8 @@ def bench_requests(quick: bool) -> None:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     say(f"file store write latency in {tempfile.gettempdir()} (fsync): {1000 * latency:.1f} ms; "
-        f"writes are serialised per cluster, so a renewal round of S shards takes about "
-        f"S x {1000 * latency:.1f} ms there (keep it well under the interval)")
+        f"each renewal is one such write (a node renews up to 32 leases at once), so keep "
+        f"(leases per node / 32) x {1000 * latency:.1f} ms well under the interval")
     say()
 
 
