@@ -534,6 +534,10 @@ class PlacementLoop:
                                            "renewed_at": self.clock.wall()})
             try:
                 await self.store.write_lease(lease, stored.version)
+            except Conflict:
+                # Changed since the read: freed by this node's own release in
+                # the meantime, or taken by a peer. Either way no longer ours.
+                continue
             except StoreError as e:
                 logger.info("could not free the stray lease of shard %d: %s", shard, e)
                 failed = True
