@@ -132,30 +132,23 @@ def make_host(spec: str, node: str) -> Host:
 
 def record_deadlines(placement: PlacementLoop, host: RecordHost) -> None:
     """Let a recording host see the runner's deadlines, in wall time: at each
-    open, and whenever a renewal moves one (the runner has no event for that,
-    so its `extend` is wrapped on this one instance)."""
+    open, and whenever a renewal moves one (the runner's DeadlineMoved events)."""
+    from shardlease.telemetry import DeadlineMoved, Event
+
     runner = placement.runner
     clock = placement.clock
 
-    def wall(deadline: float) -> float:
-        return time.time() + (deadline - clock.monotonic())
-
     def deadline_of(shard: int) -> float | None:
         deadline = runner.deadline(shard)
-        return None if deadline is None else wall(deadline)
+        return None if deadline is None else time.time() + (deadline - clock.monotonic())
+
+    def moved(event: Event) -> None:
+        if isinstance(event, DeadlineMoved):
+            host.deadline_moved(event.shard, event.generation,
+                                time.time() + (event.deadline - clock.monotonic()))
 
     host.deadline_of = deadline_of
-    extend = runner.extend
-
-    def extend_and_record(shard: int, deadline: float) -> None:
-        before = runner.deadline(shard)
-        extend(shard, deadline)
-        after = runner.deadline(shard)
-        held = placement.held.get(shard)
-        if after is not None and after != before and held is not None:
-            host.deadline_moved(shard, held.lease.generation, wall(after))
-
-    runner.extend = extend_and_record  # type: ignore[method-assign]
+    placement.telemetry.subscribe(moved)
 
 
 async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore, host: Host,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from shardlease.clock import Clock
 from shardlease.hosts.base import Host
-from shardlease.telemetry import Closed, Opened, SelfFence, Telemetry
+from shardlease.telemetry import Closed, DeadlineMoved, Opened, SelfFence, Telemetry
 
 logger = logging.getLogger("shardlease.runner")
 
@@ -131,6 +131,10 @@ class Runner:
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
             st.deadline = deadline
             self._wake.set()
+            now_m, now_w = self.clock.monotonic(), self.clock.wall()
+            self.telemetry.emit(DeadlineMoved(
+                cluster=self.cluster, node=self.node, shard=shard, generation=st.generation,
+                deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
 
     def stop(self, shard: int, reason: Reason) -> None:
         """Close a shard (after its open, if one is running)."""

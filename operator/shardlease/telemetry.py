@@ -70,6 +70,17 @@ class Opened(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeadlineMoved(Event):
+    """A renewal moved a shard's deadline (for recorders of the safety rule)."""
+
+    KIND = "deadline"
+    shard: int
+    generation: int
+    deadline: float
+    deadline_wall: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Closed(Event):
     KIND = "closed"
     shard: int
@@ -115,7 +126,7 @@ class Telemetry:
 
 def log_events(event: Event) -> None:
     """Structured logs: one record per event, its fields in `extra`."""
-    if isinstance(event, Round):
+    if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
     elif isinstance(event, SelfFence | Lost | RenewFailed | CorruptLease):
         level = logging.WARNING
