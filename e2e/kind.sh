@@ -30,7 +30,7 @@
 #   KEYS         keys written and read back (200)
 #
 # MinIO images: MinIO stopped publishing community images and removed
-# minio/minio and minio/mc from Docker Hub (September 2026). If the pull
+# minio/minio and minio/mc from the default public image registry (September 2026). If the pull
 # fails, set MINIO_IMAGE and MC_IMAGE to the same tags from a registry that
 # still serves them (MinIO publishes them on its own registry). The images are
 # pulled on this machine and loaded into kind, so a `docker login` here is
