@@ -12,6 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger("shardlease")
 
@@ -140,7 +144,7 @@ def log_events(event: Event) -> None:
 class PrometheusMetrics:
     """Counters and gauges for the events, on a prometheus-client registry."""
 
-    def __init__(self, registry: object | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = registry if registry is not None else REGISTRY

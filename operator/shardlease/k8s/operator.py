@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -133,7 +133,8 @@ class Operator:
             if self.applied.get(key) == ("invalid", str(e)):
                 return
             logger.warning("StatefulSet %s/%s: %s", ns, name, e)
-            kopf.warn(sts, reason="InvalidAnnotation", message=str(e))
+            kopf.warn(kopf.Body(cast(kopf.RawBody, sts)), reason="InvalidAnnotation",
+                      message=str(e))
             await self._set_condition(ns, name, "False", "InvalidAnnotation", str(e))
             self.applied[key] = ("invalid", str(e))
             return
@@ -156,7 +157,7 @@ class Operator:
         await self._set_condition(ns, name, "True", "AnnotationsValid",
                                   "the StatefulSet's shardlease.io annotations are valid")
         self.applied[key] = desired
-        kopf.info(sts, reason="ShardSetApplied",
+        kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="ShardSetApplied",
                   message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
 
     def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
@@ -269,9 +270,11 @@ class Operator:
         logger.warning("could not set the Configured condition of %s/%s", ns, name)
 
 
-def _replace(body: dict[str, Any], new: dict[str, Any]) -> None:
-    body.clear()
-    body.update(new)
+def _replace(body: kopf.RawBody, new: dict[str, Any]) -> None:
+    # kopf applies our transformation to the raw body it diffs into a JSON patch.
+    raw = cast(dict[str, Any], body)
+    raw.clear()
+    raw.update(new)
 
 
 def default_agent_image() -> str:

@@ -26,9 +26,10 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
                  observed_generation: int | None, publisher: str) -> dict[str, Any]:
     """The status fields (without transition times) for the owners read last."""
     owned = {o.shard: o for o in owners if o.owner is not None and 0 <= o.shard < shards}
+    owner_of = {s: o.owner for s, o in owned.items() if o.owner is not None}
     live = sorted(set(live_nodes))
     share = math.ceil(shards / len(live)) if live else shards
-    per_node = Counter(o.owner for o in owned.values())
+    per_node = Counter(owner_of.values())
     unowned = shards - len(owned)
     over = {n: c for n, c in per_node.items() if c > share}
     strangers = sorted(set(per_node) - set(live))
@@ -45,7 +46,7 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
     degraded = ("True", "UnownedShards", balanced[2]) if unowned else (
         "False", "AllShardsOwned", f"all {shards} shard(s) have an owner")
     status: dict[str, Any] = {
-        "owners": {str(s): o.owner for s, o in sorted(owned.items())},
+        "owners": {str(s): owner for s, owner in sorted(owner_of.items())},
         "generations": {str(s): o.generation for s, o in sorted(owned.items())},
         "ownedShards": len(owned),
         "liveNodes": len(live),

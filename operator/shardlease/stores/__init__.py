@@ -40,9 +40,9 @@ def open_store(url: str) -> LeaseStore:
 
         return S3Store.from_url(url)
     if scheme == "kubernetes":
-        from shardlease.stores.kubernetes import KubernetesStore  # type: ignore[import-not-found]
+        from shardlease.stores.kubernetes import KubernetesStore
 
-        return KubernetesStore.from_url(url)  # type: ignore[no-any-return]
+        return KubernetesStore.from_url(url)
     raise ConfigError(
         f"unknown store URL {url!r}: use one of memory://NAME, file:///path, "
         "s3://bucket/prefix or kubernetes://NAMESPACE"

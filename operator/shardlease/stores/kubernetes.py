@@ -196,7 +196,7 @@ async def api_client(kubeconfig: str | None = None, context: str | None = None) 
     conf = Configuration()
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig and not context:
-            config.load_incluster_config(client_configuration=conf)
+            config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
         else:
             # Read KUBECONFIG now: the client library reads it once, at import.
             await config.load_kube_config(
