@@ -93,6 +93,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 
 from shardlease.errors import ConfigError
 from shardlease.routing import shard_for_key
+from shardlease.stores.s3 import clean_etag, read_at_most
 
 log = logging.getLogger("shardlease.examples.shardapp")
 
@@ -332,12 +333,12 @@ class ShardObjects:
             answer = await s3.get_object(Bucket=self.bucket, Key=self.key(shard),
                                          Range=f"bytes=0-{MAX_OBJECT_BYTES}")
             async with answer["Body"] as body:
-                raw = await _read_at_most(body, MAX_OBJECT_BYTES + 1)
+                raw = await read_at_most(body, MAX_OBJECT_BYTES + 1)
             where = f"s3://{self.bucket}/{self.key(shard)}"
             if len(raw) > MAX_OBJECT_BYTES:
                 raise CorruptObject(f"{where} is larger than {MAX_OBJECT_BYTES} bytes")
             generation, data = decode_object(raw, where)
-            return Snapshot(_etag(answer.get("ETag", "")), generation, data)
+            return Snapshot(clean_etag(answer.get("ETag", "")), generation, data)
 
         try:
             result: Snapshot = await self._call("GetObject", shard, get, writing=False)
@@ -351,7 +352,7 @@ class ShardObjects:
         answer = await self._call("PutObject (create)", shard, lambda s3: s3.put_object(
             Bucket=self.bucket, Key=self.key(shard), Body=body, IfNoneMatch="*",
             ContentType="application/json"), writing=True)
-        return _etag(answer.get("ETag", ""))
+        return clean_etag(answer.get("ETag", ""))
 
     async def replace(self, shard: int, generation: int, data: Mapping[str, str],
                       etag: str) -> str:
@@ -360,28 +361,12 @@ class ShardObjects:
         answer = await self._call("PutObject (update)", shard, lambda s3: s3.put_object(
             Bucket=self.bucket, Key=self.key(shard), Body=body, IfMatch=f'"{etag}"',
             ContentType="application/json"), writing=True)
-        return _etag(answer.get("ETag", ""))
+        return clean_etag(answer.get("ETag", ""))
 
     async def check(self) -> None:
         """Is the bucket reachable? Raises `StorageError` with the reason."""
         await self._call("HeadBucket", 0, lambda s3: s3.head_bucket(Bucket=self.bucket),
                          writing=False)
-
-
-def _etag(raw: str) -> str:
-    return raw.strip().removeprefix("W/").strip('"')
-
-
-async def _read_at_most(body: Any, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await body.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 # -- the application ----------------------------------------------------------------------------

@@ -332,7 +332,7 @@ class S3Store(LeaseStore):
         while True:
             page = await self._call("list_objects_v2", prefix, **params)
             for item in page.get("Contents", ()):
-                found[item["Key"]] = (_etag(item.get("ETag", "")), int(item.get("Size", 0)))
+                found[item["Key"]] = (clean_etag(item.get("ETag", "")), int(item.get("Size", 0)))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return found
@@ -361,11 +361,11 @@ class S3Store(LeaseStore):
 
             async def read() -> bytes:
                 async with body:
-                    return await _read_at_most(body, MAX_RECORD_BYTES + 1)
+                    return await read_at_most(body, MAX_RECORD_BYTES + 1)
 
             data = await self._guard("get_object", key, read)
         total = _total_size(got.get("ContentRange"), got.get("ContentLength"), len(data))
-        return _etag(got.get("ETag", "")), data, total
+        return clean_etag(got.get("ETag", "")), data, total
 
     def _decode(self, etag: str, data: bytes, total: int,
                 cluster: str, shard: int) -> Stored[Lease]:
@@ -425,7 +425,7 @@ class S3Store(LeaseStore):
         return await self._swap(lease, None)
 
     async def update_lease(self, lease: Lease, version: str) -> str:
-        return await self._swap(lease, _etag(version))
+        return await self._swap(lease, clean_etag(version))
 
     async def _swap(self, lease: Lease, expected: str | None) -> str:
         """PUT the lease if the object is still at `expected` (None: missing)."""
@@ -460,7 +460,7 @@ class S3Store(LeaseStore):
                         f"{what} changed while our write was refused as concurrent "
                         f"(expected version {expected}, now {current})") from None
                 continue
-            version = _etag(answer.get("ETag", ""))
+            version = clean_etag(answer.get("ETag", ""))
             if not version:
                 raise StoreError(f"S3 PutObject {self._url(key)} at {self._endpoint()} "
                                  "answered without an ETag")
@@ -476,7 +476,7 @@ class S3Store(LeaseStore):
             if e.status == 404 or e.code in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
-        return _etag(answer.get("ETag", ""))
+        return clean_etag(answer.get("ETag", ""))
 
     # -- heartbeats --------------------------------------------------------------------------
 
@@ -522,7 +522,7 @@ class S3Store(LeaseStore):
                                           Body=b'{"probe": true}', **condition)
             except _S3Failure as e:
                 return e
-            return _etag(answer.get("ETag", ""))
+            return clean_etag(answer.get("ETag", ""))
 
         await self._call("list_objects_v2", probe_dir, Prefix=probe_dir, MaxKeys=1)
         first = await put(key, IfNoneMatch="*")
@@ -582,7 +582,8 @@ def _session() -> Any:
     return session
 
 
-def _etag(raw: str) -> str:
+def clean_etag(raw: str) -> str:
+    """An ETag without quotes or a weak-validator prefix (shared with the example app)."""
     return raw.strip().removeprefix("W/").strip('"')
 
 
@@ -658,7 +659,8 @@ def _total_size(content_range: str | None, content_length: int | None, read: int
     return read
 
 
-async def _read_at_most(body: Any, limit: int) -> bytes:
+async def read_at_most(body: Any, limit: int) -> bytes:
+    """At most `limit` bytes of a streaming body: records are bounded before parsing."""
     chunks: list[bytes] = []
     size = 0
     while size < limit:
