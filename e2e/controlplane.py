@@ -285,9 +285,10 @@ _BUILDERS = {
 
 
 @contextlib.contextmanager
-def _build_lock():
+def _file_lock(name: str):
+    """An exclusive lock on a file of the cache dir (builds; the CLI's up/down)."""
     cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / "build.lock", "w") as f:
+    with open(cache_dir() / name, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -308,7 +309,7 @@ def ensure_binaries(names: tuple[str, ...] | list[str] = BINARIES) -> dict[str, 
     paths = {n: binary_path(n) for n in names}
     if all(p.exists() for p in paths.values()):
         return paths
-    with _build_lock():
+    with _file_lock("build.lock"):
         bin_dir().mkdir(parents=True, exist_ok=True)
         log = cache_dir() / "build.log"
         total = time.monotonic()
@@ -693,19 +694,8 @@ def _cmd_build(args: list[str]) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _cli_lock():
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / "controlplane.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _cmd_up(args: list[str]) -> int:
-    with _cli_lock():
+    with _file_lock("controlplane.lock"):
         return _up()
 
 
@@ -730,7 +720,7 @@ def _up() -> int:
 
 
 def _cmd_down(args: list[str]) -> int:
-    with _cli_lock():
+    with _file_lock("controlplane.lock"):
         return _down()
 
 
