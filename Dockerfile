@@ -28,8 +28,11 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="shardlease" \
       org.opencontainers.image.description="Places the shards of a StatefulSet's application across its pods with leases" \
       org.opencontainers.image.licenses="Apache-2.0"
+# HOME: an arbitrary uid has no passwd entry, so nothing may look one up to
+# find a home directory.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     PATH=/opt/shardlease/bin:$PATH
 # The same path as in the builder: the venv's scripts point at it.
 COPY --from=builder /opt/shardlease /opt/shardlease

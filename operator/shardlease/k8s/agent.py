@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from shardlease.errors import ShardleaseError, StoreError
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
-from shardlease.k8s.login import register_login
+from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
 from shardlease.k8s.status import build_status, comparable, merge_conditions
 from shardlease.loop import PlacementLoop
@@ -114,7 +114,8 @@ class Agent:
     async def run(self) -> None:
         """Run kopf (which calls start/shutdown) until SIGTERM."""
         await kopf.operator(registry=self.registry, standalone=True, clusterwide=False,
-                            namespaces=[self.namespace])
+                            namespaces=[self.namespace],
+                            identity=identity(self.pod_name))
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -77,6 +77,7 @@ def run_agent(args: argparse.Namespace) -> int:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
+    from shardlease.k8s.login import identity
     from shardlease.k8s.operator import Operator
 
     if not args.agent_image:
@@ -102,7 +103,7 @@ def run_operator(args: argparse.Namespace) -> int:
     async def main() -> None:
         await kopf.operator(registry=op.registry, standalone=True,
                             clusterwide=not op.namespaces, namespaces=op.namespaces,
-                            liveness_endpoint=liveness)
+                            liveness_endpoint=liveness, identity=identity())
 
     asyncio.run(main())
     return 0

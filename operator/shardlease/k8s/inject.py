@@ -43,8 +43,10 @@ def agent_container(image: str, shardset: str, pull_policy: str = "IfNotPresent"
                            "periodSeconds": 5},
         "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
                       "limits": {"memory": "256Mi"}},
+        # No runAsUser: the image's numeric USER applies, or whatever uid the
+        # pod's securityContext or the platform (OpenShift) assigns.
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },

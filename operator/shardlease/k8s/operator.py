@@ -26,7 +26,7 @@ import kopf
 
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import inject, owner_statefulset
-from shardlease.k8s.login import register_login
+from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import inject_wanted, spec_from_annotations
 from shardlease.k8s.status import merge_conditions
 from shardlease.stores.kubernetes import api_client, call
@@ -63,7 +63,8 @@ class Operator:
 
     async def run(self) -> None:
         await kopf.operator(registry=self.registry, standalone=True,
-                            clusterwide=not self.namespaces, namespaces=self.namespaces)
+                            clusterwide=not self.namespaces, namespaces=self.namespaces,
+                            identity=identity())
 
     def _register(self) -> None:
         reg = self.registry
