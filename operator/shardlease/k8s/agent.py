@@ -22,6 +22,13 @@ from typing import Any
 
 import kopf
 from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from pydantic import ValidationError
 
 from shardlease.errors import ShardleaseError, StoreError
@@ -53,6 +60,10 @@ GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 
 
+class LoopDied(ShardleaseError):
+    """The placement loop ended with an error while it ran (not at start)."""
+
+
 class Agent:
     def __init__(self, *, namespace: str, shardset: str, pod_name: str, port: int = 8470,
                  host_url: str | None = None, kubeconfig: str | None = None) -> None:
@@ -68,7 +79,12 @@ class Agent:
         self.loop: PlacementLoop | None = None
         self.telemetry = Telemetry()
         self.telemetry.subscribe(log_events)
-        self.telemetry.subscribe(PrometheusMetrics())
+        # A registry per agent, not the process-wide one: two agents in one
+        # process (tests, an app embedding it) would register every metric twice.
+        self.metrics = CollectorRegistry()
+        ProcessCollector(registry=self.metrics)
+        PlatformCollector(registry=self.metrics)
+        self.telemetry.subscribe(PrometheusMetrics(self.metrics))
         self.telemetry.subscribe(self._collect_event)
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -80,6 +96,8 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._web: web.AppRunner | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        #: Why the loop died, once it has: the agent is then not alive.
+        self.died: LoopDied | None = None
         self.registry = kopf.OperatorRegistry()
         self._register()
 
@@ -176,6 +194,14 @@ class Agent:
                 try:
                     await self._run_loop(spec)
                     delay = RETRY_FIRST
+                except LoopDied as e:
+                    # The engine itself broke (its runner died, a bug): every
+                    # shard is closed by now. Liveness fails so the kubelet
+                    # restarts this container, rather than limping on.
+                    self.died = e
+                    logger.error("%s: /healthz now fails so the container restarts", e)
+                    await self._post("Warning", "LoopDied", str(e))
+                    return
                 except (ShardleaseError, ValidationError) as e:
                     msg = f"cannot run the placement loop: {e}"
                     logger.error("%s (retrying in %.0fs)", msg, delay)
@@ -206,7 +232,12 @@ class Agent:
                 why = "stopping" if self._stopping.is_set() else "the ShardSet changed"
                 logger.info("%s: closing every shard and freeing its lease", why)
                 await loop.stop()
-            await task  # re-raises a crash of the loop (RunnerDied, ...)
+            try:
+                await task
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                raise LoopDied(f"the placement loop died: {type(e).__name__}: {e}") from e
         finally:
             await store.aclose()
             await host.aclose()
@@ -331,20 +362,28 @@ class Agent:
         await self._web.setup()
         await web.TCPSite(self._web, "0.0.0.0", self.port).start()
 
-    async def _healthz(self, _: web.Request) -> web.Response:
+    def alive(self) -> tuple[bool, str]:
+        """Liveness: the supervisor runs, or ended because it was asked to."""
+        if self.died is not None:
+            return False, str(self.died)
         sup = self._supervisor
-        alive = sup is not None and (not sup.done() or self._stopped.is_set())
-        return web.Response(status=200 if alive else 500, text="ok\n" if alive else "dead\n")
+        if sup is None:
+            return False, "not started"
+        if sup.done() and not self._stopping.is_set():
+            return False, "the supervisor ended unexpectedly"
+        return True, "ok"
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        alive, why = self.alive()
+        return web.Response(status=200 if alive else 500, text=f"{why}\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
         ready = self.loop is not None and self.loop.ready.is_set() \
-            and not self._stopping.is_set()
+            and not self._stopping.is_set() and self.died is None
         return web.Response(status=200 if ready else 503, text="ready\n" if ready else "no\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return web.Response(body=generate_latest(),
+        return web.Response(body=generate_latest(self.metrics),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _owner_json(self, shard: int) -> dict[str, Any]:
