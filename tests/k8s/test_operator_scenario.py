@@ -145,15 +145,20 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
                 pass
             await eventually(lambda: _gone(core, namespace, name), "pod db-0 to go", 20)
             pod = await core.create_namespaced_pod(namespace, pod_for(sts_body, 0))
-            names = [c.name for c in pod.spec.containers]
+            names = [c.name for c in pod.spec.init_containers or []]
             return pod if "shardlease-agent" in names else None
         pod0 = await eventually(pod_created_with_agent, "the webhook to inject the agent",
                                 timeout=60, every=2)
-        agent = next(c for c in pod0.spec.containers if c.name == "shardlease-agent")
+        # A native sidecar on this server (>= 1.29): it starts before the app.
+        agent = next(c for c in pod0.spec.init_containers if c.name == "shardlease-agent")
+        assert agent.restart_policy == "Always"
         assert agent.image == "shardlease:test"
         assert agent.args[:3] == ["agent", "--shardset", "db"]
         app_container = next(c for c in pod0.spec.containers if c.name == "app")
         assert app_container.lifecycle.pre_stop.http_get.path == "/drain"
+        token = next(e.value for e in agent.env if e.name == "SHARDLEASE_DRAIN_TOKEN")
+        assert [(h.name, h.value) for h in app_container.lifecycle.pre_stop.http_get.http_headers
+                ] == [("X-Shardlease-Drain-Token", token)]
         for i in (1, 2):
             await core.create_namespaced_pod(namespace, pod_for(sts_body, i))
         # A pod of a StatefulSet that did not opt in is never touched.

@@ -66,3 +66,84 @@ async def test_a_requested_stop_keeps_liveness() -> None:
         assert (await status(port, "/healthz"))[0] == 200
     finally:
         await agent.close()
+
+
+async def drain(port: int, token: str | None) -> tuple[int, str]:
+    headers = {"X-Shardlease-Drain-Token": token} if token is not None else {}
+    async with aiohttp.ClientSession() as http, \
+            http.get(f"http://127.0.0.1:{port}/drain", headers=headers) as r:
+        return r.status, await r.text()
+
+
+def own_pod(restarts: int, deleting: bool = False) -> dict:
+    meta: dict = {"name": "db-0"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T15:00:00Z"
+    return {"metadata": meta, "status": {"containerStatuses": [
+        {"name": "app", "restartCount": restarts, "state": {"running": {}}}]}}
+
+
+async def test_a_drain_without_the_token_is_refused_and_changes_nothing() -> None:
+    runs: list[str] = []
+
+    async def run_loop(spec: ShardSetSpec) -> None:
+        runs.append("run")
+        await agent._changed.wait()
+
+    agent, port = await started_agent(run_loop)
+    agent.drain_token = "s3cret"
+    try:
+        await asyncio.sleep(0.1)
+        assert (await drain(port, None))[0] == 403
+        assert (await drain(port, "guess"))[0] == 403
+        assert runs == ["run"] and not agent._stopping.is_set()
+    finally:
+        await agent.close()
+
+
+async def test_a_drain_while_the_pod_stays_is_a_pause_until_the_app_restarts() -> None:
+    runs: list[str] = []
+
+    async def run_loop(spec: ShardSetSpec) -> None:
+        runs.append("run")
+        agent._changed.clear()
+        await agent._changed.wait()
+        runs.append("stopped")
+
+    agent, port = await started_agent(run_loop)
+    agent.drain_token = "s3cret"
+    agent.own_pod = own_pod(restarts=0)  # no API server here: the watch's copy is used
+    try:
+        await asyncio.sleep(0.1)
+        code, text = await drain(port, "s3cret")
+        assert code == 200 and "paused" in text
+        assert runs == ["run", "stopped"]  # answered only once the loop had stopped
+        assert (await status(port, "/readyz"))[0] == 503
+        assert (await status(port, "/healthz"))[0] == 200
+        # The kubelet restarted the application: the agent takes shards again.
+        agent.own_pod = own_pod(restarts=1)
+        agent._own_pod_changed.set()
+        for _ in range(50):
+            if runs.count("run") == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert runs == ["run", "stopped", "run"]
+    finally:
+        await agent.close()
+
+
+async def test_a_drain_of_a_terminating_pod_is_final() -> None:
+    async def run_loop(spec: ShardSetSpec) -> None:
+        agent._changed.clear()
+        await agent._changed.wait()
+
+    agent, port = await started_agent(run_loop)
+    agent.drain_token = "s3cret"
+    agent.own_pod = own_pod(restarts=0, deleting=True)
+    try:
+        await asyncio.sleep(0.1)
+        code, text = await drain(port, "s3cret")
+        assert (code, text) == (200, "drained\n")
+        assert agent._stopped.is_set() and agent._stopping.is_set()
+    finally:
+        await agent.close()

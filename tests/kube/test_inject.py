@@ -1,6 +1,16 @@
 """The sidecar injection is a pure transformation of a pod."""
 
-from shardlease.k8s.inject import AGENT, AGENT_PORT, INJECTED, inject, owner_statefulset
+from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
+from shardlease.k8s.inject import (
+    AGENT,
+    AGENT_PORT,
+    INJECTED,
+    AgentConfig,
+    has_agent,
+    inject,
+    native_sidecars_supported,
+    owner_statefulset,
+)
 
 
 def pod(**extra: object) -> dict:
@@ -14,6 +24,10 @@ def pod(**extra: object) -> dict:
     return body
 
 
+def env_of(container: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
 def test_the_owner_statefulset_comes_from_the_owner_references() -> None:
     assert owner_statefulset(pod()) == "db"
     assert owner_statefulset({"metadata": {"ownerReferences": [
@@ -21,23 +35,85 @@ def test_the_owner_statefulset_comes_from_the_owner_references() -> None:
     assert owner_statefulset({"metadata": {}}) is None
 
 
-def test_the_agent_is_added_with_the_downward_api_and_a_drain_hook_on_the_app() -> None:
+def test_the_agent_is_a_native_sidecar_that_starts_first_and_the_app_drains_with_a_token(
+        ) -> None:
     original = pod()
-    out = inject(original, "shardlease:1", "db")
+    out = inject(original, "shardlease:1", "db", token="t0k")
     assert original["spec"]["containers"] == [{"name": "app", "image": "app:1"}]  # not mutated
-    names = [c["name"] for c in out["spec"]["containers"]]
-    assert names == ["app", AGENT]
-    agent = out["spec"]["containers"][1]
+    assert [c["name"] for c in out["spec"]["containers"]] == ["app"]
+    (agent,) = out["spec"]["initContainers"]
+    assert agent["name"] == AGENT and agent["restartPolicy"] == "Always"
+    assert agent["startupProbe"]["httpGet"]["path"] == "/healthz"
     assert agent["image"] == "shardlease:1"
     assert agent["args"][:3] == ["agent", "--shardset", "db"]
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
-    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
-                   "POD_IP": "status.podIP"}
+    env = env_of(agent)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env[TOKEN_ENV] == "t0k"
     assert agent["securityContext"]["runAsNonRoot"] is True
+    assert "runAsUser" not in agent["securityContext"]  # any uid the platform assigns
     assert agent["securityContext"]["readOnlyRootFilesystem"] is True
     app = out["spec"]["containers"][0]
-    assert app["lifecycle"]["preStop"] == {"httpGet": {"path": "/drain", "port": AGENT_PORT}}
+    assert app["lifecycle"]["preStop"] == {"httpGet": {
+        "path": "/drain", "port": AGENT_PORT,
+        "httpHeaders": [{"name": TOKEN_HEADER, "value": "t0k"}]}}
     assert out["metadata"]["annotations"][INJECTED] == "true"
+    assert has_agent(out) and not has_agent(original)
+
+
+def test_every_pod_gets_its_own_drain_token() -> None:
+    a, b = inject(pod(), "img", "db"), inject(pod(), "img", "db")
+    ta = env_of(a["spec"]["initContainers"][0])[TOKEN_ENV]
+    tb = env_of(b["spec"]["initContainers"][0])[TOKEN_ENV]
+    assert ta != tb and len(ta) >= 24
+
+
+def test_on_old_servers_the_agent_is_a_regular_container() -> None:
+    out = inject(pod(), "img", "db", native=False, token="x")
+    assert [c["name"] for c in out["spec"]["containers"]] == ["app", AGENT]
+    assert "initContainers" not in out["spec"]
+    assert "restartPolicy" not in out["spec"]["containers"][1]
+
+
+def test_native_sidecars_from_the_server_version() -> None:
+    assert native_sidecars_supported("1", "29")
+    assert native_sidecars_supported("1", "37+")
+    assert not native_sidecars_supported("1", "28")
+    assert not native_sidecars_supported("", "")
+
+
+def test_only_application_containers_get_the_drain_hook() -> None:
+    body = pod()
+    body["spec"]["containers"] += [{"name": "istio-proxy"}, {"name": "worker"}]
+    body["spec"]["initContainers"] = [{"name": "mesh", "restartPolicy": "Always"}]
+    out = inject(body, "img", "db", token="x")
+    hooks = {c["name"]: "lifecycle" in c for c in out["spec"]["containers"]}
+    assert hooks == {"app": True, "istio-proxy": False, "worker": True}
+    assert "lifecycle" not in out["spec"]["initContainers"][0]
+    assert [c["name"] for c in out["spec"]["initContainers"]] == ["mesh", AGENT]
+    chosen = inject(body, "img", "db", token="x", drain_containers=["worker"])
+    hooks = {c["name"]: "lifecycle" in c for c in chosen["spec"]["containers"]}
+    assert hooks == {"app": False, "istio-proxy": False, "worker": True}
+
+
+def test_the_agent_takes_its_settings_from_the_config() -> None:
+    config = AgentConfig.model_validate({
+        "imagePullPolicy": "Never",
+        "resources": {"requests": {"cpu": "5m"}},
+        "env": [{"name": "AWS_REGION", "value": "eu-west-1"},
+                {"name": TOKEN_ENV, "value": "stolen"}],
+        "envFrom": [{"secretRef": {"name": "s3"}}],
+        "imagePullSecrets": ["regcred"],
+    })
+    out = inject(pod(), "img", "db", token="x", config=config)
+    agent = out["spec"]["initContainers"][0]
+    assert agent["imagePullPolicy"] == "Never"
+    assert agent["resources"] == {"requests": {"cpu": "5m"}}
+    env = env_of(agent)
+    assert env["AWS_REGION"] == "eu-west-1"
+    assert env[TOKEN_ENV] == "x"  # configured env never replaces the agent's own
+    assert agent["envFrom"] == [{"secretRef": {"name": "s3"}}]
+    assert out["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
 
 
 def test_an_existing_prestop_hook_is_kept() -> None:
@@ -50,3 +126,5 @@ def test_an_existing_prestop_hook_is_kept() -> None:
 def test_injecting_twice_changes_nothing() -> None:
     once = inject(pod(), "img", "db")
     assert inject(once, "img", "db") == once
+    legacy = inject(pod(), "img", "db", native=False)
+    assert inject(legacy, "img", "db") == legacy

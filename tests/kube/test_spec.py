@@ -76,3 +76,45 @@ def test_the_spec_round_trips_through_its_wire_form() -> None:
     spec = spec_from_annotations(sts({"shardlease.io/shards": "3"}))
     assert spec is not None
     assert ShardSetSpec.model_validate(spec.to_body()) == spec
+
+
+def test_agent_annotations_shape_the_injected_agent_on_top_of_the_chart_values() -> None:
+    from shardlease.k8s.inject import AgentConfig
+    from shardlease.k8s.spec import agent_config_from_annotations, drain_containers
+
+    base = AgentConfig.model_validate({"envFrom": [{"secretRef": {"name": "global"}}]})
+    body = sts({"shardlease.io/shards": "4", "shardlease.io/agent-cpu-request": "100m",
+                "shardlease.io/agent-memory-limit": "1Gi",
+                "shardlease.io/agent-image-pull-policy": "Never",
+                "shardlease.io/agent-env-from-secret": "s3-creds, other",
+                "shardlease.io/agent-env-from-configmap": "s3-config",
+                "shardlease.io/native-sidecar": "false",
+                "shardlease.io/drain-containers": "app,worker"})
+    assert spec_from_annotations(body) is not None
+    config = agent_config_from_annotations(body, base)
+    assert config.resources == {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                "limits": {"memory": "1Gi"}}
+    assert config.image_pull_policy == "Never"
+    assert config.env_from == [{"secretRef": {"name": "global"}},
+                               {"secretRef": {"name": "s3-creds"}},
+                               {"secretRef": {"name": "other"}},
+                               {"configMapRef": {"name": "s3-config"}}]
+    assert config.native_sidecar is False
+    assert base.env_from == [{"secretRef": {"name": "global"}}]  # the base is not changed
+    assert drain_containers(body) == ["app", "worker"]
+    assert drain_containers(sts({"shardlease.io/shards": "4"})) is None
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("agent-cpu-request", "lots", "quantity"),
+    ("agent-image-pull-policy", "Sometimes", "Always, IfNotPresent or Never"),
+    ("agent-env-from-secret", "Not_A_Name", "not a valid name"),
+    ("native-sidecar", "yes", '"true" or "false"'),
+    ("allow-default-service-account", "1", '"true" or "false"'),
+    ("drain-containers", "app,,UPPER", "not a valid name"),
+])
+def test_a_malformed_agent_annotation_is_refused_with_a_message_naming_it(
+        key: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        spec_from_annotations(sts({"shardlease.io/shards": "4", f"shardlease.io/{key}": value}))
+    assert key in str(e.value) and message in str(e.value)

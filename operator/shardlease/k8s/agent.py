@@ -6,9 +6,12 @@ object to remember progress. The placement loop runs beside kopf in a task
 the agent supervises: a spec change restarts it gracefully, a store that is
 unreachable at start is retried with a Warning Event, never a silent crash.
 
-SIGTERM (kopf's cleanup) or `/drain` (the application container's preStop
+SIGTERM (kopf's cleanup) or `/drain` (the application containers' preStop
 hook, injected by the operator) closes every shard and frees every lease
-before the pod goes away.
+before the pod goes away. A drain while the pod is not being deleted (the
+kubelet restarting the application after a failed probe) is a pause: the
+shards are handed off and taken again once the application restarted
+(see k8s/drain.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ from pydantic import ValidationError
 from shardlease.errors import ShardleaseError, StoreError
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
+from shardlease.k8s.drain import (
+    TOKEN_HEADER,
+    restart_counts,
+    restarted,
+    terminating,
+    token_accepted,
+)
+from shardlease.k8s.inject import AGENT
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
 from shardlease.k8s.status import build_status, comparable, merge_conditions
@@ -66,14 +77,22 @@ class LoopDied(ShardleaseError):
 
 class Agent:
     def __init__(self, *, namespace: str, shardset: str, pod_name: str, port: int = 8470,
-                 host_url: str | None = None, kubeconfig: str | None = None) -> None:
+                 host_url: str | None = None, kubeconfig: str | None = None,
+                 drain_token: str | None = None) -> None:
         self.namespace = namespace
         self.shardset = shardset
         self.pod_name = pod_name
         self.port = port
         self.host_url = host_url
         self.kubeconfig = kubeconfig
+        self.drain_token = drain_token
         self.peers = Peers()
+        #: This pod as the watch last showed it (for drains: deletion, restarts).
+        self.own_pod: dict[str, Any] | None = None
+        self._own_pod_changed = asyncio.Event()
+        #: Set while a drain that is not the pod's end holds the loop stopped.
+        self._resume: asyncio.Event | None = None
+        self._paused = asyncio.Event()
         self.body: dict[str, Any] | None = None
         self.spec: ShardSetSpec | None = None
         self.loop: PlacementLoop | None = None
@@ -127,7 +146,11 @@ class Agent:
 
         @kopf.on.event("", "v1", "pods", registry=reg)
         def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-            self.peers.observe(type, dict(body))
+            pod = dict(body)
+            self.peers.observe(type, pod)
+            if (pod.get("metadata") or {}).get("name") == self.pod_name:
+                self.own_pod = None if type == "DELETED" else pod
+                self._own_pod_changed.set()
 
     async def run(self) -> None:
         """Run kopf (which calls start/shutdown) until SIGTERM."""
@@ -153,7 +176,42 @@ class Agent:
         """Close every shard and free every lease; idempotent."""
         self._stopping.set()
         self._changed.set()
+        if self._resume is not None:
+            self._resume.set()
         await self._stopped.wait()
+
+    async def pause(self, before: dict[str, int], resume_after: float) -> None:
+        """Stop the loop (close every shard, free every lease) until one of the
+        containers counted in `before` restarted, or `resume_after` seconds passed."""
+        if self._resume is None:
+            resume = self._resume = asyncio.Event()
+            self._paused.clear()
+            self._changed.set()
+            self._spawn(self._resume_after_restart(resume, before, resume_after), "resume")
+        paused = asyncio.create_task(self._paused.wait())
+        stopped = asyncio.create_task(self._stopped.wait())
+        try:
+            await asyncio.wait({paused, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            paused.cancel()
+            stopped.cancel()
+
+    async def _resume_after_restart(self, resume: asyncio.Event, before: dict[str, int],
+                                    resume_after: float) -> None:
+        deadline = asyncio.get_running_loop().time() + resume_after
+        while not resume.is_set():
+            if restarted(before, self.own_pod, AGENT):
+                logger.info("the application restarted after the drain: taking shards again")
+                break
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                logger.info("no container restarted within %.0fs of the drain: "
+                            "taking shards again", resume_after)
+                break
+            self._own_pod_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._own_pod_changed.wait(), remaining)
+        resume.set()
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -186,6 +244,13 @@ class Agent:
         delay = RETRY_FIRST
         try:
             while not self._stopping.is_set():
+                resume = self._resume
+                if resume is not None:
+                    self._paused.set()
+                    await resume.wait()
+                    self._resume = None
+                    self._paused.clear()
+                    continue
                 spec = self.spec
                 if spec is None:
                     self._changed.clear()
@@ -229,7 +294,8 @@ class Agent:
             finally:
                 changed.cancel()
             if not task.done():
-                why = "stopping" if self._stopping.is_set() else "the ShardSet changed"
+                why = "stopping" if self._stopping.is_set() else \
+                    "draining" if self._resume is not None else "the ShardSet changed"
                 logger.info("%s: closing every shard and freeing its lease", why)
                 await loop.stop()
             try:
@@ -379,7 +445,7 @@ class Agent:
 
     async def _readyz(self, _: web.Request) -> web.Response:
         ready = self.loop is not None and self.loop.ready.is_set() \
-            and not self._stopping.is_set() and self.died is None
+            and not self._stopping.is_set() and self.died is None and self._resume is None
         return web.Response(status=200 if ready else 503, text="ready\n" if ready else "no\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -421,9 +487,33 @@ class Agent:
             return web.json_response({"error": "not ready"}, status=503)
         return web.json_response({"shards": [self._owner_json(s) for s in range(spec.shards)]})
 
-    async def _drain(self, _: web.Request) -> web.Response:
-        await self.shutdown()
-        return web.Response(text="drained\n")
+    async def _own_pod_now(self) -> dict[str, Any] | None:
+        """This pod read from the API server (a drain must not trust a watch
+        that may lag the deletion), else the watch's copy."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
+        try:
+            code, body = await call(self._api, "GET", path)
+            if code == 200:
+                return body
+            logger.warning("drain: cannot read pod %s: %s %s", self.pod_name, code,
+                           body.get("message", ""))
+        except Exception as e:
+            logger.warning("drain: cannot read pod %s: %s", self.pod_name, e)
+        return self.own_pod
+
+    async def _drain(self, request: web.Request) -> web.Response:
+        if not token_accepted(self.drain_token, request.headers.get(TOKEN_HEADER)):
+            logger.warning("drain refused from %s: no valid %s header", request.remote,
+                           TOKEN_HEADER)
+            return web.Response(status=403, text=f"drain needs this pod's {TOKEN_HEADER}\n")
+        pod = await self._own_pod_now()
+        if terminating(pod) or self._stopping.is_set():
+            await self.shutdown()
+            return web.Response(text="drained\n")
+        ttl = self.spec.lease_ttl if self.spec is not None else 15.0
+        await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl))
+        return web.Response(text="paused: the shards are handed off until the application "
+                                 "restarts\n")
 
 
 def _ranges(shards: list[int]) -> str:

@@ -35,6 +35,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                     help="watch only this namespace (repeatable; default: all)")
     op.add_argument("--agent-image", default=os.environ.get("SHARDLEASE_AGENT_IMAGE"),
                     help="image of the injected agent (default $SHARDLEASE_AGENT_IMAGE)")
+    op.add_argument("--agent-config", default=os.environ.get("SHARDLEASE_AGENT_CONFIG"),
+                    help="JSON of the injected agent's settings: imagePullPolicy, resources, "
+                         "env, envFrom, imagePullSecrets, nativeSidecar "
+                         "(default $SHARDLEASE_AGENT_CONFIG; the chart's `agent` values)")
     op.add_argument("--webhook-port", type=int, default=9443)
     op.add_argument("--webhook-addr", default="0.0.0.0")
     op.add_argument("--webhook-cert-dir", default=os.environ.get("SHARDLEASE_WEBHOOK_CERT_DIR"),
@@ -68,15 +72,20 @@ def run_agent(args: argparse.Namespace) -> int:
                           "(or POD_NAMESPACE and POD_NAME from the downward API)")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    from shardlease.k8s.drain import TOKEN_ENV
+
     agent = Agent(namespace=args.namespace, shardset=args.shardset, pod_name=args.name,
-                  port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig)
+                  port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig,
+                  drain_token=os.environ.get(TOKEN_ENV))
     asyncio.run(agent.run())
     return 0
 
 
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
+    from pydantic import ValidationError
 
+    from shardlease.k8s.inject import AgentConfig
     from shardlease.k8s.login import identity
     from shardlease.k8s.operator import Operator
 
@@ -85,6 +94,12 @@ def run_operator(args: argparse.Namespace) -> int:
                           "the image of the sidecar it injects")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    try:
+        agent_config = AgentConfig.model_validate_json(args.agent_config or "{}")
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'the value'}: {err['msg']}"
+                             for err in e.errors())
+        raise ConfigError(f"--agent-config (SHARDLEASE_AGENT_CONFIG): {problems}") from None
     webhook = None
     if args.webhook_cert_dir:
         cert, key = Path(args.webhook_cert_dir, "tls.crt"), Path(args.webhook_cert_dir, "tls.key")
@@ -97,7 +112,7 @@ def run_operator(args: argparse.Namespace) -> int:
         logging.getLogger("shardlease").warning(
             "no --webhook-cert-dir: the sidecar injection webhook is not served")
     op = Operator(agent_image=args.agent_image, webhook=webhook, kubeconfig=args.kubeconfig,
-                  namespaces=args.namespaces)
+                  namespaces=args.namespaces, agent_config=agent_config)
     liveness = args.liveness or None
 
     async def main() -> None:

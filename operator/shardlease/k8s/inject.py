@@ -2,16 +2,52 @@
 
 Pure functions over pod bodies, so the webhook handler stays thin and the
 shape of the injection is unit-tested without an API server.
+
+On Kubernetes >= 1.29 the agent is a native sidecar: an init container with
+`restartPolicy: Always` and a startup probe. The kubelet then starts it
+before the application (the application's first opens find it serving) and
+stops it only after the application exited on shutdown (so the agent can
+still free leases after the application's preStop drain). On older servers
+it is a regular container.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
 
 AGENT = "shardlease-agent"
 AGENT_PORT = 8470
 INJECTED = "shardlease.io/injected"
+
+#: Containers that are other meshes' or tools' sidecars: never given the drain
+#: hook (their shutdown is theirs to manage), even when they run as regular
+#: containers. `shardlease.io/drain-containers` names the app containers instead.
+KNOWN_SIDECARS = frozenset({"istio-proxy", "linkerd-proxy", "envoy", "cloud-sql-proxy",
+                            "vault-agent", "fluent-bit", "fluentd"})
+
+
+class AgentConfig(BaseModel):
+    """How the injected agent container looks: chart values (the operator's
+    `SHARDLEASE_AGENT_CONFIG`), then per-StatefulSet annotations on top."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", alias="imagePullPolicy")
+    resources: dict[str, dict[str, str]] = Field(default_factory=lambda: {
+        "requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}})
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    env_from: list[dict[str, Any]] = Field(default_factory=list, alias="envFrom")
+    #: Added to the pod's imagePullSecrets (names) when the agent image needs them.
+    image_pull_secrets: list[str] = Field(default_factory=list, alias="imagePullSecrets")
+    #: None: decided from the API server's version (>= 1.29).
+    native_sidecar: bool | None = Field(default=None, alias="nativeSidecar")
 
 
 def owner_statefulset(pod: dict[str, Any]) -> str | None:
@@ -21,28 +57,46 @@ def owner_statefulset(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def agent_container(image: str, shardset: str, pull_policy: str = "IfNotPresent"
-                    ) -> dict[str, Any]:
+def has_agent(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    return any(c.get("name") == AGENT
+               for c in (spec.get("containers") or []) + (spec.get("initContainers") or []))
+
+
+def native_sidecars_supported(major: str, minor: str) -> bool:
+    """From /version's major and minor ("1", "29+" on some distributions)."""
+    try:
+        return (int(major), int(minor.rstrip("+"))) >= (1, 29)
+    except ValueError:
+        return False
+
+
+def agent_container(image: str, shardset: str, *, token: str, native: bool,
+                    config: AgentConfig | None = None) -> dict[str, Any]:
+    config = config or AgentConfig()
+
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
-    probe = {"httpGet": {"path": "/healthz", "port": AGENT_PORT}, "periodSeconds": 10}
-    return {
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", **field("metadata.name")},
+        {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+        {"name": "POD_IP", **field("status.podIP")},
+        {"name": TOKEN_ENV, "value": token},
+    ]
+    env += [e for e in config.env if e.get("name") not in {x["name"] for x in env}]
+    container: dict[str, Any] = {
         "name": AGENT,
         "image": image,
-        "imagePullPolicy": pull_policy,
+        "imagePullPolicy": config.image_pull_policy,
         "args": ["agent", "--shardset", shardset, "--port", str(AGENT_PORT)],
-        "env": [
-            {"name": "POD_NAME", **field("metadata.name")},
-            {"name": "POD_NAMESPACE", **field("metadata.namespace")},
-            {"name": "POD_IP", **field("status.podIP")},
-        ],
+        "env": env,
         "ports": [{"name": "shardlease", "containerPort": AGENT_PORT, "protocol": "TCP"}],
-        "livenessProbe": probe,
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": AGENT_PORT},
+                          "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": AGENT_PORT},
                            "periodSeconds": 5},
-        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
-                      "limits": {"memory": "256Mi"}},
+        "resources": copy.deepcopy(config.resources),
         # No runAsUser: the image's numeric USER applies, or whatever uid the
         # pod's securityContext or the platform (OpenShift) assigns.
         "securityContext": {
@@ -51,25 +105,57 @@ def agent_container(image: str, shardset: str, pull_policy: str = "IfNotPresent"
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if config.env_from:
+        container["envFrom"] = copy.deepcopy(config.env_from)
+    if native:
+        container["restartPolicy"] = "Always"
+        # The application starts only once this passes: the agent serves.
+        container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": AGENT_PORT},
+                                     "periodSeconds": 1, "failureThreshold": 60}
+    return container
 
 
-def inject(pod: dict[str, Any], image: str, shardset: str) -> dict[str, Any]:
+def drain_hook(token: str) -> dict[str, Any]:
+    return {"httpGet": {"path": "/drain", "port": AGENT_PORT,
+                        "httpHeaders": [{"name": TOKEN_HEADER, "value": token}]}}
+
+
+def inject(pod: dict[str, Any], image: str, shardset: str, *, native: bool = True,
+           config: AgentConfig | None = None, drain_containers: list[str] | None = None,
+           token: str | None = None) -> dict[str, Any]:
     """The pod with the agent added, or unchanged if it is already there.
 
     Each application container without a preStop hook gets one that calls the
-    agent's /drain: the kubelet runs it before the application's SIGTERM, so
-    the agent closes every shard (through the still-running application) and
-    frees every lease before the application stops.
+    agent's /drain with this pod's token: the kubelet runs it before the
+    application's SIGTERM, so the agent closes every shard (through the
+    still-running application) and frees every lease before the application
+    stops. Application containers are `drain_containers` if given, else every
+    regular container that is not a known sidecar.
     """
     out = copy.deepcopy(pod)
+    if has_agent(out):
+        return out
+    config = config or AgentConfig()
+    token = token or secrets.token_urlsafe(24)
     spec = out.setdefault("spec", {})
     containers = spec.setdefault("containers", [])
-    if any(c.get("name") == AGENT for c in containers):
-        return out
     for c in containers:
-        lifecycle = c.setdefault("lifecycle", {})
-        lifecycle.setdefault("preStop", {"httpGet": {"path": "/drain", "port": AGENT_PORT}})
-    containers.append(agent_container(image, shardset))
+        name = c.get("name")
+        wanted = name in drain_containers if drain_containers is not None \
+            else name not in KNOWN_SIDECARS
+        if wanted:
+            c.setdefault("lifecycle", {}).setdefault("preStop", drain_hook(token))
+    agent = agent_container(image, shardset, token=token, native=native, config=config)
+    if native:
+        # Last of the init containers: other native sidecars (a mesh proxy)
+        # start before it and stop after it.
+        spec.setdefault("initContainers", []).append(agent)
+    else:
+        containers.append(agent)
+    if config.image_pull_secrets:
+        have = {s.get("name") for s in spec.get("imagePullSecrets") or []}
+        spec["imagePullSecrets"] = (spec.get("imagePullSecrets") or []) + [
+            {"name": n} for n in config.image_pull_secrets if n not in have]
     meta = out.setdefault("metadata", {})
     meta.setdefault("annotations", {})[INJECTED] = "true"
     return out

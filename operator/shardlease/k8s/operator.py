@@ -8,11 +8,16 @@ fence a second operator, and one reconciler per object is all this needs).
 
 - opted in (`shardlease.io/shards`): a ShardSet of the same name, owned by the
   StatefulSet (garbage-collected with it), and a RoleBinding granting the
-  pods' ServiceAccount the `shardlease-agent` ClusterRole in that namespace;
+  pods' ServiceAccount the `shardlease-agent` ClusterRole in that namespace
+  (never the `default` ServiceAccount unless the StatefulSet allows it by
+  annotation: `Configured=False`, reason DefaultServiceAccount, instead);
 - a malformed annotation: a Warning Event on the StatefulSet and the
   ShardSet's `Configured` condition set to False (the last good spec stays);
 - annotation removed: the ShardSet and the RoleBinding are deleted;
-- pods of opted-in StatefulSets get the agent sidecar (webhook, fails open).
+- pods of opted-in StatefulSets get the agent sidecar (webhook, fails open);
+  the webhook reads a StatefulSet it has not seen yet from the API server (a
+  pod created right after its StatefulSet, as GitOps tools do), and Ready pods
+  found without the agent are reported (`AgentsInjected=False` and an Event).
 """
 
 from __future__ import annotations
@@ -25,9 +30,22 @@ from typing import Any, cast
 import kopf
 
 from shardlease.errors import ConfigError
-from shardlease.k8s.inject import inject, owner_statefulset
+from shardlease.k8s.discovery import pod_ready
+from shardlease.k8s.inject import (
+    AgentConfig,
+    has_agent,
+    inject,
+    native_sidecars_supported,
+    owner_statefulset,
+)
 from shardlease.k8s.login import identity, register_login
-from shardlease.k8s.spec import inject_wanted, spec_from_annotations
+from shardlease.k8s.spec import (
+    agent_config_from_annotations,
+    default_account_allowed,
+    drain_containers,
+    inject_wanted,
+    spec_from_annotations,
+)
 from shardlease.k8s.status import merge_conditions
 from shardlease.stores.kubernetes import api_client, call
 
@@ -40,8 +58,12 @@ MANAGED = {"app.kubernetes.io/managed-by": "shardlease"}
 
 class Operator:
     def __init__(self, *, agent_image: str, webhook: kopf.WebhookServer | None = None,
-                 kubeconfig: str | None = None, namespaces: list[str] | None = None) -> None:
+                 kubeconfig: str | None = None, namespaces: list[str] | None = None,
+                 agent_config: AgentConfig | None = None) -> None:
         self.agent_image = agent_image
+        self.agent_config = agent_config or AgentConfig()
+        #: Inject the agent as a native sidecar (decided at start from /version).
+        self.native = False
         self.webhook = webhook
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces or []
@@ -49,6 +71,11 @@ class Operator:
         self.injectable: dict[tuple[str, str], bool] = {}
         #: (namespace, statefulset) -> the last body seen, to recreate a deleted ShardSet.
         self.statefulsets: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Every StatefulSet the watch has shown, opted in or not: the webhook
+        #: reads only those it has never seen from the API server.
+        self.seen: set[tuple[str, str]] = set()
+        #: (namespace, statefulset) -> the pods last reported without the agent.
+        self.missing: dict[tuple[str, str], tuple[str, ...]] = {}
         self.applied: dict[tuple[str, str], Any] = {}
         self._api: Any = None
         self._lock = asyncio.Lock()
@@ -75,6 +102,7 @@ class Operator:
             settings.watching.server_timeout = 300
             if self.webhook is not None:
                 settings.admission.server = self.webhook
+            await self.detect_native_sidecars()
 
         register_login(reg)
 
@@ -99,15 +127,66 @@ class Operator:
                     await self.reconcile(sts)
 
         @kopf.on.mutate("", "v1", "pods", operation="CREATE", id="inject-agent", registry=reg)
-        def inject_agent(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-            pod = dict(body)
-            sts = owner_statefulset(pod)
-            namespace = (pod.get("metadata") or {}).get("namespace")
-            if sts is None or not namespace or not self.injectable.get((namespace, sts)):
-                return
-            injected = inject(pod, self.agent_image, sts)
-            if injected != pod:
+        async def inject_agent(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            injected = await self.injected(dict(body))
+            if injected is not None:
                 patch.fns.append(lambda b: _replace(b, injected))
+
+    # -- injection ----------------------------------------------------------------
+
+    async def detect_native_sidecars(self) -> None:
+        try:
+            code, version = await call(await self.api(), "GET", "/version")
+        except Exception as e:
+            code, version = 0, {"message": str(e)}
+        if code != 200:
+            logger.warning("cannot read the server version (%s %s): injecting the agent as "
+                           "a regular container", code, version.get("message", ""))
+            return
+        self.native = native_sidecars_supported(str(version.get("major", "")),
+                                                str(version.get("minor", "")))
+        logger.info("Kubernetes %s: the agent is injected as a %s", version.get("gitVersion"),
+                    "native sidecar (init container, restartPolicy Always)" if self.native
+                    else "regular container")
+
+    async def injected(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod with the agent, or None when it gets none."""
+        name = owner_statefulset(pod)
+        namespace = (pod.get("metadata") or {}).get("namespace")
+        if name is None or not namespace:
+            return None
+        key = (namespace, name)
+        sts = self.statefulsets.get(key)
+        if sts is None and key not in self.seen:
+            # Created a moment ago: the watch has not shown it yet.
+            sts = await self._read_statefulset(namespace, name)
+        if sts is None or not inject_wanted(sts):
+            return None
+        try:
+            if spec_from_annotations(sts) is None:
+                return None
+            config = agent_config_from_annotations(sts, self.agent_config)
+            drained = drain_containers(sts)
+        except ConfigError:
+            return None  # reported on the StatefulSet by the reconciler
+        native = self.native if config.native_sidecar is None else config.native_sidecar
+        out = inject(pod, self.agent_image, name, native=native, config=config,
+                     drain_containers=drained)
+        return None if out == pod else out
+
+    async def _read_statefulset(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            code, body = await call(await self.api(), "GET",
+                                    f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}")
+        except Exception as e:
+            logger.warning("webhook: cannot read StatefulSet %s/%s: %s", ns, name, e)
+            return None
+        if code != 200:
+            if code != 404:
+                logger.warning("webhook: cannot read StatefulSet %s/%s: %s %s", ns, name, code,
+                               body.get("message", ""))
+            return None
+        return body
 
     # -- reconciliation -----------------------------------------------------------
 
@@ -117,10 +196,13 @@ class Operator:
         if event_type == "DELETED":
             # The ShardSet and RoleBinding are owned by it: the garbage
             # collector removes them.
+            self.seen.discard(key)
+            self.missing.pop(key, None)
             self.statefulsets.pop(key, None)
             self.injectable.pop(key, None)
             self.applied.pop(key, None)
             return
+        self.seen.add(key)
         await self.reconcile(sts)
 
     async def reconcile(self, sts: dict[str, Any]) -> None:
@@ -150,16 +232,62 @@ class Operator:
         self.injectable[key] = inject_wanted(sts)
         template = ((sts.get("spec") or {}).get("template") or {}).get("spec") or {}
         account = template.get("serviceAccountName") or "default"
-        desired = (spec.to_body(), account, meta.get("uid"))
-        if self.applied.get(key) == desired:
+        allowed = account != "default" or default_account_allowed(sts)
+        desired = (spec.to_body(), account, allowed, meta.get("uid"))
+        if self.applied.get(key) != desired:
+            await self._apply_shardset(sts, spec.to_body())
+            if allowed:
+                await self._apply_rolebinding(sts, account)
+                await self._set_condition(
+                    ns, name, "True", "AnnotationsValid",
+                    "the StatefulSet's shardlease.io annotations are valid")
+            else:
+                msg = ("the pods run as the namespace's `default` ServiceAccount: binding the "
+                       "agent's role to it would give every pod using it access to the "
+                       "leases. Give the StatefulSet a ServiceAccount of its own "
+                       "(spec.template.spec.serviceAccountName), or annotate it "
+                       "shardlease.io/allow-default-service-account=\"true\"")
+                logger.warning("StatefulSet %s/%s: %s", ns, name, msg)
+                kopf.warn(kopf.Body(cast(kopf.RawBody, sts)), reason="DefaultServiceAccount",
+                          message=msg)
+                await self._set_condition(ns, name, "False", "DefaultServiceAccount", msg)
+            self.applied[key] = desired
+            if allowed:
+                kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="ShardSetApplied",
+                          message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
+        if self.injectable[key]:
+            await self._check_agents(sts)
+
+    async def _check_agents(self, sts: dict[str, Any]) -> None:
+        """Report Ready pods that run without the agent (created while the
+        webhook was down: it fails open), so nobody wonders why they own nothing."""
+        meta = sts["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        labels = ((sts.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if not labels:
             return
-        await self._apply_shardset(sts, spec.to_body())
-        await self._apply_rolebinding(sts, account)
-        await self._set_condition(ns, name, "True", "AnnotationsValid",
-                                  "the StatefulSet's shardlease.io annotations are valid")
-        self.applied[key] = desired
-        kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="ShardSetApplied",
-                  message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        code, pods = await self._call("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector="
+                                      f"{selector}")
+        if code != 200:
+            return
+        missing = tuple(sorted(
+            p["metadata"]["name"] for p in pods.get("items") or []
+            if owner_statefulset(p) == name and pod_ready(p) and not has_agent(p)))
+        key = (ns, name)
+        if self.missing.get(key) == missing:
+            return
+        if missing:
+            msg = (f"Ready pod(s) without the shardlease agent: {', '.join(missing)} (created "
+                   "while the webhook was unavailable?); delete them to get it injected")
+            logger.warning("StatefulSet %s/%s: %s", ns, name, msg)
+            kopf.warn(kopf.Body(cast(kopf.RawBody, sts)), reason="AgentMissing", message=msg)
+            await self._set_condition(ns, name, "False", "AgentMissing", msg,
+                                      type_="AgentsInjected")
+        else:
+            await self._set_condition(ns, name, "True", "AllPodsInjected",
+                                      "every Ready pod runs the agent", type_="AgentsInjected")
+        self.missing[key] = missing
 
     def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
         # No blockOwnerDeletion: it would need update on statefulsets/finalizers
@@ -246,16 +374,15 @@ class Operator:
             f"shardlease-agent-{name}")
 
     async def _set_condition(self, ns: str, name: str, status: str, reason: str,
-                             message: str) -> None:
-        """Set the `Configured` condition, keeping the agents' conditions."""
+                             message: str, type_: str = "Configured") -> None:
+        """Set one condition (`Configured` by default), keeping the others."""
         for _ in range(5):
             code, current = await self._call("GET", self._shardset_path(ns, name))
             if code != 200:
                 return
             meta = current.get("metadata") or {}
             old = (current.get("status") or {}).get("conditions")
-            cond = {"type": "Configured", "status": status, "reason": reason,
-                    "message": message}
+            cond = {"type": type_, "status": status, "reason": reason, "message": message}
             conditions = merge_conditions([cond], old, meta.get("generation"))
             patch = [{"op": "test", "path": "/metadata/resourceVersion",
                       "value": meta.get("resourceVersion")}]
@@ -268,7 +395,7 @@ class Operator:
             if code < 400:
                 return
             await asyncio.sleep(0.2)
-        logger.warning("could not set the Configured condition of %s/%s", ns, name)
+        logger.warning("could not set the %s condition of %s/%s", type_, ns, name)
 
 
 def _replace(body: kopf.RawBody, new: dict[str, Any]) -> None:

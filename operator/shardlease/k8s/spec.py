@@ -12,23 +12,49 @@ Opt-in annotations on a StatefulSet (values are strings, as annotations are):
     shardlease.io/host-url          "http://127.0.0.1:8080"  the app's shard endpoints
     shardlease.io/inject            "true" | "false"  inject the agent sidecar
                                     (false: the application embeds the library)
+
+How the injected agent looks, on top of the chart's `agent` values:
+
+    shardlease.io/agent-cpu-request, agent-cpu-limit,
+    shardlease.io/agent-memory-request, agent-memory-limit    "100m", "128Mi"
+    shardlease.io/agent-image-pull-policy   Always | IfNotPresent | Never
+    shardlease.io/agent-env-from-secret     "s3-creds,other"  (envFrom secretRef)
+    shardlease.io/agent-env-from-configmap  "s3-config"       (envFrom configMapRef)
+    shardlease.io/native-sidecar    "true" | "false"  (default: by server version)
+    shardlease.io/drain-containers  "app,worker"  the containers that get the
+                                    preStop drain (default: every container
+                                    that is not a known sidecar)
+    shardlease.io/allow-default-service-account  "true": bind the agent's role
+                                    to the namespace's `default` ServiceAccount
+                                    (refused otherwise: every pod using it would
+                                    get the agent's permissions)
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shardlease.errors import ConfigError
+from shardlease.k8s.inject import AgentConfig
 from shardlease.options import Options
 
 PREFIX = "shardlease.io/"
 SHARDS = PREFIX + "shards"
 KNOWN = {
     "shards", "store", "lease-ttl", "interval", "margin", "max-concurrency", "host-url",
-    "inject",
+    "inject", "agent-cpu-request", "agent-cpu-limit", "agent-memory-request",
+    "agent-memory-limit", "agent-image-pull-policy", "agent-env-from-secret",
+    "agent-env-from-configmap", "native-sidecar", "drain-containers",
+    "allow-default-service-account",
 }
+BOOLEAN = ("inject", "native-sidecar", "allow-default-service-account")
+#: A Kubernetes quantity ("100m", "0.5", "128Mi", "1G").
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+#: A DNS-1123 label (container, Secret and ConfigMap names).
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_HOST_URL = "http://127.0.0.1:8080"
 
 
@@ -89,8 +115,11 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
         raise ConfigError(
             f"unknown annotation(s) {', '.join(PREFIX + u for u in unknown)}; "
             f"known: {', '.join(PREFIX + k for k in sorted(KNOWN))}")
-    if ours.get("inject", "true") not in ("true", "false"):
-        raise ConfigError(f'{PREFIX}inject must be "true" or "false", not {ours["inject"]!r}')
+    for key in BOOLEAN:
+        if key in ours and ours[key] not in ("true", "false"):
+            raise ConfigError(f'{PREFIX}{key} must be "true" or "false", not {ours[key]!r}')
+    agent_config_from_annotations(sts, AgentConfig())  # raises on a bad agent-* value
+    drain_containers(sts)
     namespace = meta.get("namespace") or "default"
     selector = ((sts.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
 
@@ -134,3 +163,52 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
 def inject_wanted(sts: dict[str, Any]) -> bool:
     ann = (sts.get("metadata") or {}).get("annotations") or {}
     return SHARDS in ann and ann.get(PREFIX + "inject", "true") == "true"
+
+
+def _names(ours: dict[str, str], key: str) -> list[str]:
+    names = [n.strip() for n in ours.get(key, "").split(",") if n.strip()]
+    for n in names:
+        if not NAME.match(n):
+            raise ConfigError(f"{PREFIX}{key}: {n!r} is not a valid name")
+    return names
+
+
+def agent_config_from_annotations(sts: dict[str, Any], base: AgentConfig) -> AgentConfig:
+    """The chart's agent settings with this StatefulSet's agent-* annotations on top."""
+    ann: dict[str, str] = (sts.get("metadata") or {}).get("annotations") or {}
+    ours = {k.removeprefix(PREFIX): v.strip() for k, v in ann.items() if k.startswith(PREFIX)}
+    config = base.model_copy(deep=True)
+    for key, (section, resource) in {
+            "agent-cpu-request": ("requests", "cpu"), "agent-cpu-limit": ("limits", "cpu"),
+            "agent-memory-request": ("requests", "memory"),
+            "agent-memory-limit": ("limits", "memory")}.items():
+        if key in ours:
+            if not QUANTITY.match(ours[key]):
+                raise ConfigError(f"{PREFIX}{key} must be a quantity such as 100m or 128Mi, "
+                                  f"not {ours[key]!r}")
+            config.resources.setdefault(section, {})[resource] = ours[key]
+    if "agent-image-pull-policy" in ours:
+        policy = ours["agent-image-pull-policy"]
+        if policy not in ("Always", "IfNotPresent", "Never"):
+            raise ConfigError(f"{PREFIX}agent-image-pull-policy must be Always, IfNotPresent "
+                              f"or Never, not {policy!r}")
+        config.image_pull_policy = policy  # type: ignore[assignment]
+    config.env_from += [{"secretRef": {"name": n}}
+                        for n in _names(ours, "agent-env-from-secret")]
+    config.env_from += [{"configMapRef": {"name": n}}
+                        for n in _names(ours, "agent-env-from-configmap")]
+    if "native-sidecar" in ours:
+        config.native_sidecar = ours["native-sidecar"] == "true"
+    return config
+
+
+def drain_containers(sts: dict[str, Any]) -> list[str] | None:
+    ann: dict[str, str] = (sts.get("metadata") or {}).get("annotations") or {}
+    if PREFIX + "drain-containers" not in ann:
+        return None
+    return _names({"drain-containers": ann[PREFIX + "drain-containers"]}, "drain-containers")
+
+
+def default_account_allowed(sts: dict[str, Any]) -> bool:
+    ann = (sts.get("metadata") or {}).get("annotations") or {}
+    return ann.get(PREFIX + "allow-default-service-account") == "true"
