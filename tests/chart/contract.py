@@ -16,6 +16,8 @@ WEBHOOK_CONFIG = "shardlease"
 OPERATOR_RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     # Watches StatefulSets for the opt-in annotation; never writes them.
     ("apps", "statefulsets", ("get", "list", "watch"), ()),
+    # Lists an opted-in StatefulSet's pods to report those without the agent.
+    ("", "pods", ("get", "list"), ()),
     # Owns one ShardSet per opted-in StatefulSet.
     ("shardlease.io", "shardsets", ALL_VERBS, ()),
     # The Configured condition of a malformed annotation.

@@ -381,3 +381,36 @@ def test_notes_tell_how_to_opt_in_and_see_owners():
         "kubectl get leases -l shardlease.io/cluster=NAME",
     ):
         assert text in notes, text
+
+
+def test_agent_values_reach_the_operator_as_a_valid_agent_config(helm):
+    from shardlease.k8s.inject import AgentConfig
+
+    default = one(helm.template(), "Deployment")
+    (c,) = default["spec"]["template"]["spec"]["containers"]
+    config = AgentConfig.model_validate_json(env_of(c)["SHARDLEASE_AGENT_CONFIG"])
+    assert config.image_pull_policy == "IfNotPresent"  # image.pullPolicy
+    assert config.native_sidecar is None  # decided from the server version
+    assert config.resources["requests"] == {"cpu": "20m", "memory": "64Mi"}
+
+    dep = one(helm.template(
+        "--set", "agent.imagePullPolicy=Never", "--set", "agent.nativeSidecar=false",
+        "--set", "agent.resources.limits.cpu=1",
+        "--set", "agent.envFrom[0].secretRef.name=s3-creds",
+        "--set", "agent.env[0].name=AWS_REGION", "--set", "agent.env[0].value=eu-west-1",
+        "--set", "imagePullSecrets[0].name=regcred"), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    config = AgentConfig.model_validate_json(env_of(c)["SHARDLEASE_AGENT_CONFIG"])
+    assert config.image_pull_policy == "Never"
+    assert config.native_sidecar is False
+    assert config.resources["limits"] == {"memory": "256Mi", "cpu": "1"}
+    assert config.env_from == [{"secretRef": {"name": "s3-creds"}}]
+    assert config.env == [{"name": "AWS_REGION", "value": "eu-west-1"}]
+    assert config.image_pull_secrets == ["regcred"]
+
+
+def test_a_wrong_agent_value_is_refused_by_the_schema(helm):
+    proc = helm.run("template", "x", str(CHART), "--set", "agent.imagePullPolicy=Sometimes",
+                    check=False)
+    assert proc.returncode != 0
+    assert "/agent/imagePullPolicy" in proc.stderr

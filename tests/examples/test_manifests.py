@@ -65,7 +65,10 @@ def test_every_document_is_a_kubernetes_object() -> None:
     assert kinds == [("Deployment", "minio"), ("Job", "minio-bucket"),
                      ("Namespace", NAMESPACE), ("Secret", "minio-credentials"),
                      ("Service", "minio"), ("Service", "shardapp"),
-                     ("StatefulSet", "shardapp")]
+                     ("ServiceAccount", "shardapp"), ("StatefulSet", "shardapp")]
+    sts = next(d for _, d in docs if d["kind"] == "StatefulSet")
+    # The operator refuses to bind the agent's role to the `default` account.
+    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "shardapp"
 
 
 def test_the_statefulset_is_opted_in_with_annotations_the_operator_accepts() -> None:

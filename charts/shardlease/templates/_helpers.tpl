@@ -79,3 +79,16 @@ switching modes never asks helm to adopt a Secret it did not create. */}}
 {{- end }}
 
 {{- define "shardlease.webhookPath" -}}/inject-agent{{- end }}
+
+{{/*
+The injected agent's settings, as the JSON `shardlease operator --agent-config` reads.
+*/}}
+{{- define "shardlease.agentConfig" -}}
+{{- $a := .Values.agent -}}
+{{- $cfg := dict "imagePullPolicy" ($a.imagePullPolicy | default .Values.image.pullPolicy) "resources" $a.resources "env" $a.env "envFrom" $a.envFrom -}}
+{{- $secrets := list -}}
+{{- range .Values.imagePullSecrets }}{{ $secrets = append $secrets .name }}{{ end -}}
+{{- $_ := set $cfg "imagePullSecrets" $secrets -}}
+{{- if not (kindIs "invalid" $a.nativeSidecar) }}{{ $_ := set $cfg "nativeSidecar" $a.nativeSidecar }}{{ end -}}
+{{- toJson $cfg -}}
+{{- end }}

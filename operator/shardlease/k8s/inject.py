@@ -17,7 +17,7 @@ import copy
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
 
@@ -48,6 +48,16 @@ class AgentConfig(BaseModel):
     image_pull_secrets: list[str] = Field(default_factory=list, alias="imagePullSecrets")
     #: None: decided from the API server's version (>= 1.29).
     native_sidecar: bool | None = Field(default=None, alias="nativeSidecar")
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _quantities_as_strings(cls, v: Any) -> Any:
+        # YAML (and `helm --set`) make `cpu: 1` a number; Kubernetes takes both.
+        if isinstance(v, dict):
+            return {section: {k: str(q) if isinstance(q, int | float) else q
+                              for k, q in (amounts or {}).items()}
+                    for section, amounts in v.items()}
+        return v
 
 
 def owner_statefulset(pod: dict[str, Any]) -> str | None:
