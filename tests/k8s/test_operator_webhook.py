@@ -1,6 +1,6 @@
 """The operator on a real kube-apiserver, beyond the happy path: a pod that
-arrives right behind its StatefulSet, the `default` ServiceAccount, and Ready
-pods that run without the agent."""
+arrives right behind its StatefulSet, the `default` ServiceAccount, Ready
+pods that run without the agent, and a reconciliation that failed."""
 
 from __future__ import annotations
 
@@ -11,14 +11,20 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from .conftest import cpmod
 from .scenario import (
     Proc,
+    apply_cluster_roles,
     apply_crd,
+    bind_cluster_role,
+    chart_cluster_roles,
+    delete_cluster_roles,
     eventually,
     free_port,
     make_webhook_cert,
     mark_ready,
     pod_for,
+    service_account_kubeconfig,
     spawn,
     statefulset,
 )
@@ -164,3 +170,67 @@ async def test_the_default_service_account_is_refused_and_missing_agents_are_rep
         proc.stop()
         await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
             webhook)
+
+
+async def test_a_reconciliation_that_failed_is_retried_until_it_succeeds(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    """kopf never retries an event handler: the operator must. Here the
+    operator's account lacks the RoleBinding permission at first (a real 403
+    from the API server), and gets it later, with no change to the
+    StatefulSet: the RoleBinding must still appear."""
+    api = api_client
+    apps, rbac = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    await apply_crd(api)
+    helm = str(cpmod.ensure_binaries(("helm",))["helm"])
+    roles = chart_cluster_roles(helm, tmp_path / "helm")
+    created = await apply_cluster_roles(api, roles)
+    operator_role = next(r for r in roles if r["metadata"]["name"] == "shardlease-operator")
+    partial = f"shardlease-operator-partial-{namespace}"
+    full_rules = operator_role["rules"]
+    without_rolebindings = [r for r in full_rules if "rolebindings" not in r["resources"]]
+    assert len(without_rolebindings) < len(full_rules)
+    await rbac.create_cluster_role({"metadata": {"name": partial},
+                                    "rules": without_rolebindings})
+    proc = None
+    try:
+        await bind_cluster_role(api, namespace, partial, "op")
+        operator_kc = await service_account_kubeconfig(
+            api, kubeconfig, namespace, "op", tmp_path / "op.kubeconfig")
+        await client.CoreV1Api(api).create_namespaced_service_account(
+            namespace, {"metadata": {"name": "db-app"}})
+        body = statefulset("db", namespace, {"shardlease.io/shards": "4"})
+        body["spec"]["template"]["spec"]["serviceAccountName"] = "db-app"
+        await apps.create_namespaced_stateful_set(namespace, body)
+        proc = spawn("operator", ["operator", "--namespace", namespace, "--agent-image", "x",
+                                  "--liveness", ""], tmp_path, env={"KUBECONFIG": operator_kc})
+
+        async def refused_once() -> bool:
+            return "reconciling failed" in proc.log.read_text(errors="replace")
+        await eventually(refused_once, "the RoleBinding to be refused (403)")
+        assert "Configured" not in await conditions(api, namespace, "db")
+
+        # The permission arrives; nothing about the StatefulSet changes.
+        await rbac.patch_cluster_role(partial, {"rules": full_rules})
+
+        async def bound() -> Any:
+            try:
+                return await rbac.read_namespaced_role_binding("shardlease-agent-db", namespace)
+            except client.ApiException:
+                return None
+        rb = await eventually(bound, "the retried reconciliation to bind the agent's role")
+        assert [(s.kind, s.name) for s in rb.subjects] == [("ServiceAccount", "db-app")]
+        c = await eventually(lambda: _configured(api, namespace), "Configured=True")
+        assert c["reason"] == "AnnotationsValid"
+        async def logged() -> bool:  # written just after the condition
+            return "reconciled after retrying" in proc.log.read_text(errors="replace")
+        await eventually(logged, "the retry to be logged", 10)
+    finally:
+        if proc is not None:
+            proc.stop()
+        await rbac.delete_cluster_role(partial)
+        await delete_cluster_roles(api, created)
+
+
+async def _configured(api: client.ApiClient, ns: str) -> dict[str, Any] | None:
+    c = (await conditions(api, ns, "db")).get("Configured")
+    return c if c and c["status"] == "True" else None

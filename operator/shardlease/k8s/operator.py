@@ -5,6 +5,9 @@ ShardSet its annotations ask for (create, update, or delete it). Only kopf's
 event handlers and a mutating webhook are used, so kopf writes no state
 annotations onto users' objects, and it runs standalone (kopf's peering cannot
 fence a second operator, and one reconciler per object is all this needs).
+kopf never retries an event handler, so a reconciliation that failed (an API
+server that answered 5xx, a permission not yet granted) is retried here, with
+backoff, from the newest body seen, until it succeeds or the object changes.
 
 - opted in (`shardlease.io/shards`): a ShardSet of the same name, owned by the
   StatefulSet (garbage-collected with it), and a RoleBinding granting the
@@ -23,6 +26,7 @@ fence a second operator, and one reconciler per object is all this needs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any, cast
@@ -53,6 +57,7 @@ logger = logging.getLogger("shardlease.operator")
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 AGENT_ROLE = "shardlease-agent"
+RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 MANAGED = {"app.kubernetes.io/managed-by": "shardlease"}
 
 
@@ -77,6 +82,10 @@ class Operator:
         #: (namespace, statefulset) -> the pods last reported without the agent.
         self.missing: dict[tuple[str, str], tuple[str, ...]] = {}
         self.applied: dict[tuple[str, str], Any] = {}
+        #: (namespace, statefulset) -> (newest body, delay, when to retry): failed reconciles.
+        self.retries: dict[tuple[str, str], tuple[dict[str, Any], float, float]] = {}
+        self._retry_wake = asyncio.Event()
+        self._retrier: asyncio.Task[None] | None = None
         self._api: Any = None
         self._lock = asyncio.Lock()
         self.registry = kopf.OperatorRegistry()
@@ -108,6 +117,10 @@ class Operator:
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
+            if self._retrier is not None:
+                self._retrier.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._retrier
             if self._api is not None:
                 await self._api.close()
 
@@ -124,7 +137,12 @@ class Operator:
                 sts = self.statefulsets.get(key)
                 if sts is not None:
                     logger.info("ShardSet %s/%s was deleted while opted in: recreating", *key)
-                    await self.reconcile(sts)
+                    await self.reconcile_or_retry(sts)
+
+        if self.webhook is None:
+            # kopf refuses to run admission handlers with no server to serve
+            # them: without certificates the operator reconciles, nothing more.
+            return
 
         @kopf.on.mutate("", "v1", "pods", operation="CREATE", id="inject-agent", registry=reg)
         async def inject_agent(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
@@ -201,9 +219,47 @@ class Operator:
             self.statefulsets.pop(key, None)
             self.injectable.pop(key, None)
             self.applied.pop(key, None)
+            self.retries.pop(key, None)
             return
         self.seen.add(key)
-        await self.reconcile(sts)
+        await self.reconcile_or_retry(sts)
+
+    async def reconcile_or_retry(self, sts: dict[str, Any], delay: float = RETRY_FIRST,
+                                 retrying: bool = False) -> None:
+        meta = sts.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        try:
+            await self.reconcile(sts)
+        except Exception as e:  # every failure is retried; none is lost
+            when = asyncio.get_running_loop().time() + delay
+            self.retries[key] = (sts, delay, when)
+            self._retry_wake.set()
+            if self._retrier is None:
+                # Started from a resource handler, so that it inherits kopf's
+                # context: kopf.warn/info need the operator's event queue,
+                # which startup handlers do not have yet.
+                self._retrier = asyncio.create_task(self._retry_failed(),
+                                                    name="shardlease-retry")
+            logger.warning("StatefulSet %s/%s: reconciling failed (%s); retrying in %.0fs",
+                           *key, e, delay)
+        else:
+            if self.retries.pop(key, None) is not None or retrying:
+                logger.info("StatefulSet %s/%s: reconciled after retrying", *key)
+
+    async def _retry_failed(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._retry_wake.clear()
+            now = loop.time()
+            for key, (sts, delay, when) in list(self.retries.items()):
+                if when <= now and self.retries.get(key, (None,))[0] is sts:
+                    self.retries.pop(key)
+                    await self.reconcile_or_retry(sts, min(delay * 2, RETRY_MAX), retrying=True)
+            pending = [when for _, _, when in self.retries.values()]
+            timeout = max(0.0, min(pending) - loop.time()) if pending else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._retry_wake.wait()
 
     async def reconcile(self, sts: dict[str, Any]) -> None:
         meta = sts.get("metadata") or {}
