@@ -234,3 +234,39 @@ async def test_a_reconciliation_that_failed_is_retried_until_it_succeeds(
 async def _configured(api: client.ApiClient, ns: str) -> dict[str, Any] | None:
     c = (await conditions(api, ns, "db")).get("Configured")
     return c if c and c["status"] == "True" else None
+
+
+async def test_a_status_nobody_refreshes_is_marked_unknown(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    """Every agent stopped: the last Balanced=True must not stand forever."""
+    import datetime as dt
+
+    api = api_client
+    custom = client.CustomObjectsApi(api)
+    await apply_crd(api)
+    for name in ("old", "fresh"):
+        await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+            "metadata": {"name": name},
+            "spec": {"statefulSet": name, "shards": 2, "store": f"kubernetes://{namespace}",
+                     "leaseTTL": 3}})
+    long_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name, seen in (("old", long_ago), ("fresh", "2999-01-01T00:00:00Z")):
+        await custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": {
+                "observedTime": seen, "publishedBy": f"{name}-0", "conditions": [{
+                    "type": "Balanced", "status": "True", "reason": "FairShares",
+                    "message": "2 shard(s)", "lastTransitionTime": long_ago}]}},
+            _content_type="application/merge-patch+json")
+    proc = spawn("operator", ["operator", "--namespace", namespace, "--agent-image", "x",
+                              "--liveness", ""], tmp_path, env={"KUBECONFIG": kubeconfig})
+    try:
+        async def unknown() -> dict[str, Any] | None:
+            c = (await conditions(api, namespace, "old")).get("Balanced")
+            return c if c and c["status"] == "Unknown" else None
+        c = await eventually(unknown, "Balanced=Unknown on the stale ShardSet", 30)
+        assert c["reason"] == "StatusStale" and "old-0" in c["message"]
+        fresh = (await conditions(api, namespace, "fresh"))["Balanced"]
+        assert fresh["status"] == "True"
+    finally:
+        proc.stop()

@@ -55,3 +55,19 @@ def test_comparable_ignores_transition_times() -> None:
     assert comparable(a) != comparable(b)  # observedGeneration on conditions
     b["conditions"] = merge_conditions(b["conditions"], None, 1)
     assert comparable(a) == comparable(b)
+
+
+def test_a_status_is_stale_after_six_intervals_without_a_refresh() -> None:
+    import datetime as dt
+
+    from shardlease.k8s.status import interval_of, stale_for
+
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+    assert interval_of({"leaseTTL": 15}) == 5.0
+    assert interval_of({"leaseTTL": 15, "interval": 2}) == 2.0
+    assert stale_for({"observedTime": "2026-11-30T11:59:31Z"}, 5.0, now) is None  # 29 s
+    assert stale_for({"observedTime": "2026-11-30T11:59:00Z"}, 5.0, now) == 60.0
+    assert stale_for({}, 5.0, now) is None  # from an agent that predates observedTime
+    assert stale_for({"observedTime": "yesterday"}, 5.0, now) is None
+    st = build_status(owners({0: "a"}), ["a"], 1, 1, "a")
+    assert "observedTime" in st and "observedTime" not in comparable(st)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -47,7 +48,7 @@ from shardlease.k8s.drain import (
 from shardlease.k8s.inject import AGENT
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
-from shardlease.k8s.status import build_status, comparable, merge_conditions
+from shardlease.k8s.status import REFRESH_INTERVALS, build_status, comparable, merge_conditions
 from shardlease.loop import PlacementLoop
 from shardlease.routing import shard_for_key
 from shardlease.stores import open_store
@@ -317,13 +318,17 @@ class Agent:
             await asyncio.sleep(interval)
             if loop is None or spec is None or not loop.ready.is_set() or 0 not in loop.held:
                 continue
+            refresh = time.monotonic() - self._last_publish >= REFRESH_INTERVALS * interval
             try:
-                await self.publish_once(loop, spec)
+                if await self.publish_once(loop, spec, refresh=refresh):
+                    self._last_publish = time.monotonic()
             except Exception as e:  # never let publishing kill the agent
                 logger.warning("could not publish the ShardSet status: %s", e)
 
-    async def publish_once(self, loop: PlacementLoop, spec: ShardSetSpec) -> bool:
-        """Publish the owners if they changed. The write is a JSON patch that
+    async def publish_once(self, loop: PlacementLoop, spec: ShardSetSpec,
+                           refresh: bool = False) -> bool:
+        """Publish the owners if they changed (or `refresh`: to move
+        observedTime, which says the status is alive). The write is a JSON patch that
         tests the resourceVersion, so another writer's conditions are never
         overwritten with a stale copy; a lost race re-reads and tries once more."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.shardset}"
@@ -332,7 +337,7 @@ class Agent:
             meta = body.get("metadata") or {}
             status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
                                   meta.get("generation"), self.pod_name)
-            if self._published is not None and \
+            if not refresh and self._published is not None and \
                     comparable(status) == comparable(self._published):
                 return False
             status["conditions"] = merge_conditions(

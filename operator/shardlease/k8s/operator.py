@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 from typing import Any, cast
@@ -50,7 +51,7 @@ from shardlease.k8s.spec import (
     inject_wanted,
     spec_from_annotations,
 )
-from shardlease.k8s.status import merge_conditions
+from shardlease.k8s.status import interval_of, merge_conditions, stale_for
 from shardlease.stores.kubernetes import api_client, call
 
 logger = logging.getLogger("shardlease.operator")
@@ -86,6 +87,9 @@ class Operator:
         self.retries: dict[tuple[str, str], tuple[dict[str, Any], float, float]] = {}
         self._retry_wake = asyncio.Event()
         self._retrier: asyncio.Task[None] | None = None
+        #: Every ShardSet as last seen, to mark statuses nobody refreshes.
+        self.shardsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self._stale_watch: asyncio.Task[None] | None = None
         self._api: Any = None
         self._lock = asyncio.Lock()
         self.registry = kopf.OperatorRegistry()
@@ -117,10 +121,11 @@ class Operator:
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
-            if self._retrier is not None:
-                self._retrier.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._retrier
+            for task in (self._retrier, self._stale_watch):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if self._api is not None:
                 await self._api.close()
 
@@ -130,9 +135,16 @@ class Operator:
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=reg)
         async def shardset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            meta = body.get("metadata") or {}
+            key = (meta.get("namespace", ""), meta.get("name", ""))
             if type == "DELETED":
-                meta = body.get("metadata") or {}
-                key = (meta.get("namespace", ""), meta.get("name", ""))
+                self.shardsets.pop(key, None)
+            else:
+                self.shardsets[key] = dict(body)
+                if self._stale_watch is None:  # in kopf's context (see _retrier)
+                    self._stale_watch = asyncio.create_task(self._mark_stale_statuses(),
+                                                            name="shardlease-stale")
+            if type == "DELETED":
                 self.applied.pop(key, None)
                 sts = self.statefulsets.get(key)
                 if sts is not None:
@@ -245,6 +257,31 @@ class Operator:
         else:
             if self.retries.pop(key, None) is not None or retrying:
                 logger.info("StatefulSet %s/%s: reconciled after retrying", *key)
+
+    async def _mark_stale_statuses(self, every: float = 5.0) -> None:
+        """Balanced=Unknown on ShardSets whose agents stopped publishing."""
+        while True:
+            await asyncio.sleep(every)
+            now = dt.datetime.now(dt.UTC)
+            for (ns, name), body in list(self.shardsets.items()):
+                status = body.get("status") or {}
+                age = stale_for(status, interval_of(body.get("spec") or {}), now)
+                if age is None:
+                    continue
+                balanced: dict[str, Any] = next((c for c in status.get("conditions") or []
+                                 if c.get("type") == "Balanced"), {})
+                if balanced.get("status") == "Unknown":
+                    continue
+                msg = (f"no agent has published this status for {age:.0f}s (since "
+                       f"{status.get('observedTime')}, by {status.get('publishedBy')}): "
+                       "the owners shown may be gone")
+                logger.warning("ShardSet %s/%s: %s", ns, name, msg)
+                try:
+                    await self._set_condition(ns, name, "Unknown", "StatusStale", msg,
+                                              type_="Balanced")
+                except Exception as e:
+                    logger.warning("ShardSet %s/%s: cannot mark the status stale: %s",
+                                   ns, name, e)
 
     async def _retry_failed(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,8 +1,13 @@
 """The ShardSet status: who owns what, as one pod sees it.
 
-One writer publishes: the pod that holds shard 0. It publishes only when the
+One writer publishes: the pod that holds shard 0. It publishes when the
 content changed, and never more than once per interval, so a thousand-shard
-set costs the API server one write per change, not one per pod per round.
+set costs the API server one write per change, not one per pod per round;
+and at least every REFRESH_INTERVALS intervals, to move `observedTime`. A
+status whose `observedTime` is older than STALE_INTERVALS intervals was
+published by nobody alive: the operator then marks it Balanced=Unknown, so
+that `kubectl wait --for=condition=Balanced` cannot be fooled by the last
+words of agents that have all stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 from shardlease.loop import Owner
 
 PUBLISHED = ("Balanced", "Degraded")
+REFRESH_INTERVALS = 2
+STALE_INTERVALS = 6
 
 
 def now_iso() -> str:
@@ -52,6 +59,7 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
         "liveNodes": len(live),
         "nodes": live,
         "publishedBy": publisher,
+        "observedTime": now_iso(),
         "conditions": [
             {"type": "Balanced", "status": balanced[0], "reason": balanced[1],
              "message": balanced[2]},
@@ -88,6 +96,30 @@ def merge_conditions(new: list[dict[str, Any]], old: list[dict[str, Any]] | None
 def comparable(status: dict[str, Any]) -> dict[str, Any]:
     """A status without the fields that change on every write."""
     out = dict(status)
+    out.pop("observedTime", None)
     out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                          for c in status.get("conditions") or []]
     return out
+
+
+def interval_of(spec: dict[str, Any]) -> float:
+    """The loop's interval from a ShardSet spec (wire form)."""
+    interval = spec.get("interval")
+    return float(interval) if interval else float(spec.get("leaseTTL") or 15.0) / 3
+
+
+def stale_for(status: dict[str, Any], interval: float, now: dt.datetime) -> float | None:
+    """Seconds by which `observedTime` is past STALE_INTERVALS intervals, or
+    None if it is fresh or absent (a status from before observedTime existed
+    cannot be judged). Compares wall clocks of two machines: skew of a few
+    seconds only moves the verdict by as much, against a limit of 30 s by
+    default."""
+    raw = status.get("observedTime")
+    if not isinstance(raw, str):
+        return None
+    try:
+        seen = dt.datetime.strptime(raw, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    age = (now - seen).total_seconds()
+    return age if age > STALE_INTERVALS * interval else None

@@ -1,0 +1,481 @@
+"""The user story on real pods: `helm install` of the chart with the real
+image, the example application's StatefulSet opted in by annotation, and the
+things that happen to pods every day.
+
+- the webhook injects the agent, the agents come up Ready, the ShardSet
+  becomes Balanced, `kubectl get shardsets` shows it, and keys written through
+  `/lookup` land on the owner, fenced by the generation (MinIO on the node);
+- `kubectl delete pod` of an owner: its shards reopen with a higher generation;
+- `kubectl rollout restart`: every pod replaced, shards handed off before the
+  application's SIGTERM (the preStop drain), no key lost;
+- scale 3 -> 5 -> 2: balanced each time;
+- the application restarted by the kubelet after a failed liveness probe (the
+  drain is then a pause) and the agent killed: each pod takes shards again;
+- both pod management policies.
+
+Figures (time to Balanced, moves, unowned shard-seconds) are printed, not
+asserted: what is asserted is that things converge and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from .conftest import ROOT, Cluster, clmod, fresh_namespace
+
+pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+SHARDS = 12
+TTL = 6  # seconds: interval 2, margin 1
+RELEASE, RELEASE_NS = "shardlease", "shardlease-system"
+GROUP = "shardlease.io"
+ACCESS_KEY, SECRET_KEY = "shardlease", "shardlease-secret"
+
+
+def eventually(check: Callable[[], T], what: str, timeout: float = 120.0,
+               every: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except Exception as e:  # a poll may race with a restart; keep polling
+            last = e
+        if last and not isinstance(last, Exception):
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                                 f"last: {last!r}")
+        time.sleep(every)
+
+
+def http(method: str, url: str, body: bytes | None = None,
+         timeout: float = 5.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+# -- MinIO on the node's address, for the application's fenced data ---------------------
+
+
+@dataclass
+class Minio:
+    endpoint: str
+    bucket: str
+
+
+@contextmanager
+def minio_on_node() -> Iterator[Minio]:
+    binary = clmod.cp.ensure_binaries(("minio",))["minio"]
+    with socket.socket() as s:
+        s.bind((clmod.NODE_IP, 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://{clmod.NODE_IP}:{port}"
+    with tempfile.TemporaryDirectory(prefix="shardlease-pods-minio-") as data:
+        env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
+               "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "HOME": data}
+        log = open(os.path.join(data, "minio.log"), "wb")
+        proc = subprocess.Popen([str(binary), "server", os.path.join(data, "d"), "--address",
+                                 f"{clmod.NODE_IP}:{port}", "--quiet"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            eventually(lambda: http("GET", f"{endpoint}/minio/health/ready")[0] == 200,
+                       "MinIO to be ready", 60)
+            import boto3
+
+            s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
+                              aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+            s3.create_bucket(Bucket="shardapp")
+            yield Minio(endpoint=endpoint, bucket="shardapp")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            log.close()
+
+
+# -- the chart, installed once for the module ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Iterator[Cluster]:
+    cluster.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
+    t0 = time.monotonic()
+    cluster.helm("install", RELEASE, str(ROOT / "charts" / "shardlease"),
+                 "-n", RELEASE_NS, "--create-namespace", "--wait", "--timeout", "5m",
+                 "--set", "image.repository=shardlease", "--set", "image.tag=dev",
+                 "--set", "image.pullPolicy=Never")
+    print(f"\n[pods] helm install --wait: {time.monotonic() - t0:.1f}s")
+    try:
+        pods = cluster.get("pods", "-n", RELEASE_NS)["items"]
+        assert pods, "the chart made no operator pod"
+        for pod in pods:
+            statuses = pod["status"].get("containerStatuses") or []
+            # The uid-65532 crash showed as restarts; the operator must run as installed.
+            assert all(c["ready"] and c["restartCount"] == 0 for c in statuses), (
+                statuses, cluster.kubectl("logs", "-n", RELEASE_NS, pod["metadata"]["name"],
+                                          "--all-containers", "--previous", check=False).stdout)
+        yield cluster
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
+
+
+@pytest.fixture(scope="module")
+def minio() -> Iterator[Minio]:
+    with minio_on_node() as m:
+        yield m
+
+
+# -- the application ---------------------------------------------------------------------
+
+
+def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "shardapp"}
+    store = f"s3://{minio.bucket}/{ns}?endpoint={minio.endpoint}&path_style=true"
+    # Liveness fails while /var/tmp/sick exists; the file is in the container's
+    # own writable layer, so the restarted container is healthy again.
+    liveness = ["python", "-c", "import os, sys; sys.exit(os.path.exists('/var/tmp/sick'))"]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "shardapp", "namespace": ns, "labels": labels, "annotations": {
+            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL)}},
+        "spec": {
+            "replicas": replicas, "serviceName": "shardapp", "podManagementPolicy": policy,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "serviceAccountName": "shardapp",
+                "terminationGracePeriodSeconds": 30,
+                "securityContext": {"runAsNonRoot": True,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "app", "image": clmod.IMAGE, "imagePullPolicy": "Never",
+                    "command": ["python", "-m", "shardlease.examples.shardapp", "--port", "8080",
+                                "--shards", str(SHARDS), "--store", store,
+                                "--agent", "http://127.0.0.1:8470"],
+                    "env": [{"name": "AWS_ACCESS_KEY_ID", "value": ACCESS_KEY},
+                            {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET_KEY},
+                            {"name": "AWS_REGION", "value": "us-east-1"},
+                            {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}],
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
+                                       "periodSeconds": 2},
+                    "livenessProbe": {"exec": {"command": liveness}, "periodSeconds": 2,
+                                      "failureThreshold": 1, "timeoutSeconds": 5},
+                    "securityContext": {"allowPrivilegeEscalation": False,
+                                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            }},
+        },
+    }
+
+
+@dataclass
+class App:
+    cluster: Cluster
+    ns: str
+
+    def pods(self) -> list[dict[str, Any]]:
+        items = self.cluster.get("pods", "-n", self.ns, "-l",
+                                 "app.kubernetes.io/name=shardapp")["items"]
+        return sorted(items, key=lambda p: p["metadata"]["name"])
+
+    def ready_pods(self) -> dict[str, str]:
+        """name -> pod IP of the Ready pods not being deleted."""
+        out = {}
+        for p in self.pods():
+            conds = {c["type"]: c["status"] for c in p["status"].get("conditions") or []}
+            if conds.get("Ready") == "True" and not p["metadata"].get("deletionTimestamp"):
+                out[p["metadata"]["name"]] = p["status"]["podIP"]
+        return out
+
+    def shardset(self) -> dict[str, Any]:
+        return self.cluster.get(f"shardsets.{GROUP}", "shardapp", "-n", self.ns)
+
+    def balanced(self, nodes: int) -> dict[str, Any] | None:
+        """The ShardSet status once it says Balanced over exactly `nodes` pods
+        and those pods are the Ready ones, else None."""
+        status = self.shardset().get("status") or {}
+        conds = {c["type"]: c for c in status.get("conditions") or []}
+        ready = set(self.ready_pods())
+        if (conds.get("Balanced") or {}).get("status") != "True" or len(ready) != nodes:
+            return None
+        if set(status.get("nodes") or []) != ready or status.get("ownedShards") != SHARDS:
+            return None
+        owners = status.get("owners") or {}
+        share = math.ceil(SHARDS / nodes)
+        counts = {n: list(owners.values()).count(n) for n in ready}
+        return status if max(counts.values()) <= share else None
+
+    def open_shards(self) -> dict[str, dict[int, int]]:
+        """pod -> {shard: generation} as each Ready pod's application says."""
+        out: dict[str, dict[int, int]] = {}
+        for name, ip in self.ready_pods().items():
+            code, body = http("GET", f"http://{ip}:8080/shards", timeout=2)
+            if code == 200:
+                out[name] = {int(s): v["generation"] for s, v in json.loads(body)["open"].items()}
+        return out
+
+    def write(self, key: str, value: str) -> None:
+        """Route by the agent's /lookup, as a client would; a 421 (the shard
+        just moved) is asked again."""
+        def attempt() -> bool:
+            ips = list(self.ready_pods().values())
+            code, body = http("GET", f"http://{ips[0]}:8470/lookup?key={key}")
+            if code != 200:
+                return False
+            where = json.loads(body)
+            if not where.get("address"):
+                return False
+            code, _ = http("PUT", f"http://{where['address']}:8080/kv/{key}", value.encode())
+            return code in (200, 201, 204)
+        eventually(attempt, f"a write of {key}", 60)
+
+    def read(self, key: str) -> str | None:
+        def attempt() -> tuple[str | None] | None:
+            ips = list(self.ready_pods().values())
+            code, body = http("GET", f"http://{ips[0]}:8470/lookup?key={key}")
+            where = json.loads(body) if code == 200 else {}
+            if not where.get("address"):
+                return None
+            code, body = http("GET", f"http://{where['address']}:8080/kv/{key}")
+            if code == 404:
+                return (None,)
+            return (body.decode(),) if code == 200 else None
+        return eventually(attempt, f"a read of {key}", 60)[0]
+
+
+# -- a sampler of who has which shard open ------------------------------------------------
+
+
+@dataclass
+class Sampler:
+    """Polls every Ready pod's application for its open shards, to measure
+    how long shards stay unowned while pods come and go."""
+
+    app: App
+    every: float = 0.25
+    samples: list[tuple[float, dict[str, dict[int, int]]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.monotonic(), self.app.open_shards()))
+            except Exception:
+                pass
+            self._stop.wait(self.every)
+
+    def figures(self) -> dict[str, float]:
+        """Unowned shard-seconds, the longest a shard stayed unowned, and
+        moves (a shard seen open on a pod other than its last owner)."""
+        unowned = 0.0
+        gap_start: dict[int, float] = {}
+        longest = 0.0
+        last_owner: dict[int, str] = {}
+        moves = 0
+        for (t, seen), (t_next, _) in zip(self.samples, self.samples[1:], strict=False):
+            owner_of = {s: pod for pod, shards in seen.items() for s in shards}
+            for s in range(SHARDS):
+                if s not in owner_of:
+                    unowned += t_next - t
+                    gap_start.setdefault(s, t)
+                else:
+                    if s in gap_start:
+                        longest = max(longest, t - gap_start.pop(s))
+                    if last_owner.get(s) not in (None, owner_of[s]):
+                        moves += 1
+                    last_owner[s] = owner_of[s]
+        return {"unowned_shard_s": round(unowned, 2), "longest_gap_s": round(longest, 2),
+                "moves": moves}
+
+
+def report(step: str, t0: float, sampler: Sampler) -> None:
+    f = sampler.figures()
+    print(f"[pods] {step}: Balanced after {time.monotonic() - t0:.1f}s; moves {f['moves']}, "
+          f"unowned {f['unowned_shard_s']} shard-s, longest gap {f['longest_gap_s']}s")
+
+
+def generations(status: dict[str, Any]) -> dict[int, int]:
+    return {int(s): g for s, g in (status.get("generations") or {}).items()}
+
+
+def container_pid(container_id: str, needle: str) -> int:
+    """The host pid of the process in a container whose command line has `needle`."""
+    cid = container_id.split("://", 1)[-1]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if cid not in (entry / "cgroup").read_text():
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if needle in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no process with {needle!r} in container {cid}")
+
+
+# -- the scenario ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Parallel", "OrderedReady"])
+def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: str) -> None:
+    cluster = installed
+    with fresh_namespace(cluster) as ns:
+        app = App(cluster, ns)
+        try:
+            scenario(cluster, app, ns, policy, minio)
+        except BaseException:
+            print(cluster.kubectl("get", "pods,shardsets,events", "-n", ns, "-o", "wide",
+                                  check=False).stdout)
+            for pod in app.pods():
+                name = pod["metadata"]["name"]
+                print(cluster.kubectl("logs", "-n", ns, name, "--all-containers", "--tail", "40",
+                                      check=False).stdout)
+            print(cluster.kubectl("logs", "-n", RELEASE_NS, "-l",
+                                  "app.kubernetes.io/name=shardlease", "--tail", "60",
+                                  check=False).stdout)
+            raise
+
+
+def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio) -> None:
+    cluster.kubectl("create", "serviceaccount", "shardapp", "-n", ns)
+    t0 = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(app_statefulset(ns, policy, minio)))
+
+    # -- opt in: injection, Ready agents, Balanced, kubectl's view ---------------------
+    with Sampler(app) as sampler:
+        status = eventually(lambda: app.balanced(3), "Balanced over 3 pods", 240)
+    report(f"{policy}: start", t0, sampler)
+    for pod in app.pods():
+        init = {c["name"]: c for c in pod["spec"].get("initContainers") or []}
+        agent = init.get("shardlease-agent")
+        assert agent is not None and agent["restartPolicy"] == "Always", pod["spec"]
+        hook = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["httpGet"]
+        assert hook["path"] == "/drain" and hook["httpHeaders"][0]["value"]
+    table = cluster.kubectl("get", "shardsets", "-n", ns).stdout
+    assert "shardapp" in table and "True" in table, table
+    print(f"[pods] kubectl get shardsets:\n{table}")
+
+    # A drain without the pod's token, from the pod network, is refused.
+    some_ip = next(iter(app.ready_pods().values()))
+    assert http("GET", f"http://{some_ip}:8470/drain")[0] == 403
+    assert app.balanced(3)
+
+    # -- keys through /lookup, fenced by the generation ---------------------------------
+    keys = {f"key-{i}": f"value-{i}" for i in range(40)}
+    for k, v in keys.items():
+        app.write(k, v)
+    assert {k: app.read(k) for k in keys} == keys
+
+    # -- delete an owner ----------------------------------------------------------------
+    before = generations(status)
+    victim = status["owners"]["0"]
+    moved = {int(s) for s, o in status["owners"].items() if o == victim}
+    t0 = time.monotonic()
+    with Sampler(app) as sampler:
+        cluster.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
+        status = eventually(lambda: (s := app.balanced(3)) and all(
+            generations(s).get(x, 0) > before[x] for x in moved) and s,
+            "the deleted pod's shards to reopen with a higher generation", 180)
+    report(f"{policy}: delete {victim}", t0, sampler)
+    assert {k: app.read(k) for k in keys} == keys
+
+    # -- rollout restart: every pod replaced, handed off by the preStop drain -------------
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in app.pods()}
+    t0 = time.monotonic()
+    with Sampler(app) as sampler:
+        cluster.kubectl("rollout", "restart", "statefulset/shardapp", "-n", ns)
+        cluster.kubectl("rollout", "status", "statefulset/shardapp", "-n", ns,
+                        "--timeout", "300s", timeout=320)
+        status = eventually(lambda: app.balanced(3), "Balanced after the rollout", 180)
+    report(f"{policy}: rollout restart", t0, sampler)
+    new_uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in app.pods()}
+    assert set(new_uids) == set(uids) and not set(new_uids.values()) & set(uids.values())
+    assert {k: app.read(k) for k in keys} == keys
+    events = cluster.get("events", "-n", ns)["items"]
+    assert any(e["reason"] == "Released" for e in events), "no hand-off was announced"
+
+    # -- scale 3 -> 5 -> 2 ----------------------------------------------------------------
+    for replicas in (5, 2):
+        t0 = time.monotonic()
+        with Sampler(app) as sampler:
+            cluster.kubectl("scale", "statefulset/shardapp", "-n", ns, f"--replicas={replicas}")
+            status = eventually(lambda r=replicas: app.balanced(r),  # type: ignore[misc]
+                                f"Balanced over {replicas} pods", 240)
+        report(f"{policy}: scale to {replicas}", t0, sampler)
+        assert {k: app.read(k) for k in keys} == keys
+
+    # -- the kubelet restarts the application (liveness): a drain that is a pause -----------
+    target = "shardapp-0"
+
+    def app_restarts() -> int:
+        pod = next(p for p in app.pods() if p["metadata"]["name"] == target)
+        return next(c["restartCount"] for c in pod["status"]["containerStatuses"]
+                    if c["name"] == "app")
+    restarts = app_restarts()
+    t0 = time.monotonic()
+    with Sampler(app) as sampler:
+        cluster.kubectl("exec", "-n", ns, target, "-c", "app", "--", "python", "-c",
+                        "open('/var/tmp/sick', 'w').close()")
+        eventually(lambda: app_restarts() > restarts, "the kubelet to restart the app", 120)
+        status = eventually(lambda: (s := app.balanced(2)) and target in s["owners"].values()
+                            and s, f"{target} to take shards again after its app restarted", 180)
+    report(f"{policy}: app restarted by its liveness probe", t0, sampler)
+    logs = cluster.kubectl("logs", "-n", ns, target, "-c", "shardlease-agent").stdout
+    assert "the application restarted after the drain" in logs, logs[-3000:]
+
+    # -- the agent killed (SIGKILL from the node): the kubelet restarts it ------------------
+    pod = next(p for p in app.pods() if p["metadata"]["name"] == target)
+    agent = next(c for c in pod["status"]["initContainerStatuses"]
+                 if c["name"] == "shardlease-agent")
+    os.kill(container_pid(agent["containerID"], "shardlease agent"), signal.SIGKILL)
+    t0 = time.monotonic()
+    with Sampler(app) as sampler:
+        def agent_back() -> bool:
+            p = next(x for x in app.pods() if x["metadata"]["name"] == target)
+            st = next(c for c in p["status"]["initContainerStatuses"]
+                      if c["name"] == "shardlease-agent")
+            return st["restartCount"] > agent["restartCount"] and st.get("ready")
+        eventually(agent_back, "the agent to come back", 120)
+        status = eventually(lambda: (s := app.balanced(2)) and target in s["owners"].values()
+                            and s, f"{target} to hold shards again after its agent died", 180)
+    report(f"{policy}: agent killed", t0, sampler)
+    assert {k: app.read(k) for k in keys} == keys
