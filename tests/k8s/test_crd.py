@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ def shardset(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("change", "complaint"), [
     ({"shards": 0}, "spec.shards"),
+    ({"shards": 8193}, "spec.shards"),
     ({"leaseTTL": 0}, "spec.leaseTTL"),
     ({"interval": -1}, "spec.interval"),
     ({"margin": 20}, "margin must be less than leaseTTL"),
@@ -45,3 +47,32 @@ async def test_a_good_spec_gets_the_defaults(namespace: str, api_client: client.
         "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("good", GOOD))
     assert made["spec"]["leaseTTL"] == 15
     assert made["spec"]["maxConcurrency"] == 16
+
+
+async def test_the_status_of_the_largest_shardset_fits_with_the_longest_pod_names(
+        namespace: str, api_client: client.ApiClient) -> None:
+    """8192 shards (the CRD's maximum), 63-character pod names, ten-digit
+    generations: the status an agent publishes must be accepted."""
+    from shardlease.k8s.spec import MAX_SHARDS
+    from shardlease.k8s.status import build_status
+    from shardlease.loop import Owner
+
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    await custom.create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets",
+        shardset("big", {**GOOD, "shards": MAX_SHARDS}))
+    pods = [f"{'p' * (62 - len(str(i)))}-{i}" for i in range(16)]
+    assert {len(p) for p in pods} == {63}
+    owners = [Owner(shard=s, owner=pods[s % 16], generation=4_000_000_000 + s)
+              for s in range(MAX_SHARDS)]
+    status = build_status(owners, pods, MAX_SHARDS, 1, pods[0])
+    size = len(json.dumps(status))
+    print(f"status of {MAX_SHARDS} shards: {size / 1e6:.2f} MB")
+    await custom.patch_namespaced_custom_object_status(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", "big", {"status": status},
+        _content_type="application/merge-patch+json")
+    got = await custom.get_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", "big")
+    assert got["status"]["ownedShards"] == MAX_SHARDS
+    assert len(got["status"]["owners"]) == MAX_SHARDS
