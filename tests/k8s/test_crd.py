@@ -54,7 +54,7 @@ async def test_the_status_of_the_largest_shardset_fits_with_the_longest_pod_name
     """8192 shards (the CRD's maximum), 63-character pod names, ten-digit
     generations: the status an agent publishes must be accepted."""
     from shardlease.k8s.spec import MAX_SHARDS
-    from shardlease.k8s.status import build_status
+    from shardlease.k8s.status import build_status, merge_conditions
     from shardlease.loop import Owner
 
     await apply_crd(api_client)
@@ -67,6 +67,7 @@ async def test_the_status_of_the_largest_shardset_fits_with_the_longest_pod_name
     owners = [Owner(shard=s, owner=pods[s % 16], generation=4_000_000_000 + s)
               for s in range(MAX_SHARDS)]
     status = build_status(owners, pods, MAX_SHARDS, 1, pods[0])
+    status["conditions"] = merge_conditions(status["conditions"], None, 1)  # as the agent does
     size = len(json.dumps(status))
     print(f"status of {MAX_SHARDS} shards: {size / 1e6:.2f} MB")
     await custom.patch_namespaced_custom_object_status(
@@ -76,3 +77,47 @@ async def test_the_status_of_the_largest_shardset_fits_with_the_longest_pod_name
         "shardlease.io", "v1alpha1", namespace, "shardsets", "big")
     assert got["status"]["ownedShards"] == MAX_SHARDS
     assert len(got["status"]["owners"]) == MAX_SHARDS
+
+
+async def test_the_statefulset_of_a_shardset_cannot_change(
+        namespace: str, api_client: client.ApiClient) -> None:
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    await custom.create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("pinned", GOOD))
+    with pytest.raises(client.ApiException) as caught:
+        await custom.patch_namespaced_custom_object(
+            "shardlease.io", "v1alpha1", namespace, "shardsets", "pinned",
+            {"spec": {"statefulSet": "other"}}, _content_type="application/merge-patch+json")
+    assert caught.value.status == 422
+    assert "statefulSet is immutable" in caught.value.body
+    # Everything else may change.
+    await custom.patch_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", "pinned",
+        {"spec": {"shards": 8}}, _content_type="application/merge-patch+json")
+
+
+async def test_a_condition_needs_a_reason_a_message_and_a_transition_time(
+        namespace: str, api_client: client.ApiClient) -> None:
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    await custom.create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("conds", GOOD))
+    with pytest.raises(client.ApiException) as caught:
+        await custom.patch_namespaced_custom_object_status(
+            "shardlease.io", "v1alpha1", namespace, "shardsets", "conds",
+            {"status": {"conditions": [{"type": "Balanced", "status": "True"}]}},
+            _content_type="application/merge-patch+json")
+    assert caught.value.status == 422
+    for field in ("reason", "message", "lastTransitionTime"):
+        assert field in caught.value.body
+
+
+async def test_shardsets_are_not_in_kubectl_get_all(api_client: client.ApiClient) -> None:
+    await apply_crd(api_client)
+    crd = await client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+        "shardsets.shardlease.io")
+    assert "all" not in (crd.spec.names.categories or [])
+    columns = [c.name for c in crd.spec.versions[0].additional_printer_columns]
+    assert columns == ["Shards", "Owned", "Live", "Balanced", "Configured", "Store", "Age",
+                       "Message"]

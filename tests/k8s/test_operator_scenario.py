@@ -236,8 +236,12 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
 
         table = kubectl(kubeconfig, "get", "shardsets", "-n", namespace)
         header, row = table.splitlines()[:2]
-        assert header.split() == ["NAME", "SHARDS", "OWNED", "LIVE", "BALANCED", "AGE"]
-        assert row.split()[:5] == ["db", str(SHARDS), str(SHARDS), "3", "True"]
+        assert header.split() == ["NAME", "SHARDS", "OWNED", "LIVE", "BALANCED", "CONFIGURED",
+                                  "AGE"]
+        assert row.split()[:6] == ["db", str(SHARDS), str(SHARDS), "3", "True", "True"]
+        wide = kubectl(kubeconfig, "get", "shardsets", "-n", namespace, "-o", "wide")
+        assert wide.splitlines()[0].split()[-2:] == ["AGE", "MESSAGE"]
+        assert "at most" in wide.splitlines()[1], wide  # the Balanced message
         leases = kubectl(kubeconfig, "get", "leases", "-n", namespace,
                          "-l", "shardlease.io/cluster=db,shardlease.io/kind=shard", "-o", "name")
         assert len(leases.split()) == SHARDS
