@@ -331,7 +331,9 @@ def test_real_calls_as_the_operator_and_the_agent(cluster, kubectl):
     app = cluster.app
     # The operator creates the ShardSet and writes a condition.
     kubectl.run("create", "-n", app, "-f", "-", f"--as={OPERATOR_SA}", input=_shardset("web"))
-    status = {"status": {"conditions": [{"type": "Configured", "status": "True"}]}}
+    status = {"status": {"conditions": [{"type": "Configured", "status": "True", "reason": "R",
+                                         "message": "m",
+                                         "lastTransitionTime": "2026-11-30T12:00:00Z"}]}}
     kubectl.run("patch", "shardset", "web", "-n", app, "--subresource=status", "--type=merge",
                 "-p", json.dumps(status), f"--as={OPERATOR_SA}")
     # The agent reads it, publishes owners, and writes leases in its namespace...

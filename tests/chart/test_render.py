@@ -172,7 +172,8 @@ def test_operator_deployment(docs):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"webhook": 9443, "http": 8080}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    # Ready means: the StatefulSet cache is warm and the webhook serves.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"},
                               "limits": {"cpu": "500m", "memory": "256Mi"}}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
@@ -414,3 +415,28 @@ def test_a_wrong_agent_value_is_refused_by_the_schema(helm):
                     check=False)
     assert proc.returncode != 0
     assert "/agent/imagePullPolicy" in proc.stderr
+
+
+def test_monitors_are_off_by_default_and_scrape_the_operator_and_every_agent(helm):
+    assert not by_kind(helm.template(), "ServiceMonitor")
+    assert not by_kind(helm.template(), "PodMonitor")
+    docs = helm.template("--set", "metrics.serviceMonitor.enabled=true",
+                         "--set", "metrics.podMonitor.enabled=true",
+                         "--set", "metrics.podMonitor.labels.release=prom")
+    sm = one(docs, "ServiceMonitor")
+    svc = one(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    assert "http" in {p["name"] for p in svc["spec"]["ports"]}
+    pm = one(docs, "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "prom"
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "shardlease"
+    # The label the PodMonitor selects is the one the webhook puts on agents.
+    from shardlease.k8s.inject import AGENT_LABEL, agent_container, inject
+
+    pod = inject({"metadata": {}, "spec": {"containers": [{"name": "app"}]}}, "img", "db")
+    assert pm["spec"]["selector"]["matchLabels"] == {AGENT_LABEL: pod["metadata"]["labels"][
+        AGENT_LABEL]}
+    ports = agent_container("img", "db", token="t", native=True)["ports"]
+    assert [p["name"] for p in ports] == ["shardlease"]

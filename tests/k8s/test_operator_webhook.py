@@ -8,6 +8,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -50,13 +51,13 @@ async def conditions(api: client.ApiClient, ns: str, name: str) -> dict[str, dic
 
 
 async def start_operator(api: client.ApiClient, namespace: str, kubeconfig: str,
-                         tmp_path: Path) -> tuple[Proc, str]:
+                         tmp_path: Path, http: str = "") -> tuple[Proc, str]:
     cert = make_webhook_cert(tmp_path / "certs")
     port = free_port()
     proc = spawn("operator", [
         "operator", "--namespace", namespace, "--agent-image", "shardlease:test",
         "--webhook-cert-dir", str(tmp_path / "certs"), "--webhook-addr", "127.0.0.1",
-        "--webhook-port", str(port), "--liveness", ""], tmp_path,
+        "--webhook-port", str(port), "--http", http], tmp_path,
         env={"KUBECONFIG": kubeconfig})
     webhook = f"shardlease-{namespace}"
     await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
@@ -79,8 +80,15 @@ async def test_pods_created_right_behind_their_statefulset_get_the_agent(
     api = api_client
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     await apply_crd(api)
-    proc, webhook = await start_operator(api, namespace, kubeconfig, tmp_path)
+    http = free_port()
+    proc, webhook = await start_operator(api, namespace, kubeconfig, tmp_path,
+                                         http=f"127.0.0.1:{http}")
     try:
+        async def ready() -> bool:
+            async with aiohttp.ClientSession() as s, \
+                    s.get(f"http://127.0.0.1:{http}/readyz") as r:
+                return r.status == 200
+        await eventually(ready, "the operator's /readyz (cache warm, webhook serving)")
         # Wait until the webhook serves (a StatefulSet it has long seen).
         warm = api.sanitize_for_serialization(await apps.create_namespaced_stateful_set(
             namespace, statefulset("warm", namespace, {"shardlease.io/shards": "2"})))
@@ -112,6 +120,15 @@ async def test_pods_created_right_behind_their_statefulset_get_the_agent(
         plain = api.sanitize_for_serialization(await apps.create_namespaced_stateful_set(
             namespace, statefulset("plain", namespace, {})))
         assert not has_agent(await core.create_namespaced_pod(namespace, pod_for(plain, 0)))
+
+        async with aiohttp.ClientSession() as s, \
+                s.get(f"http://127.0.0.1:{http}/metrics") as r:
+            metrics = await r.text()
+        name = 'shardlease_operator_injections_total{result="injected"}'
+        injected = next(float(line.split()[-1]) for line in metrics.splitlines()
+                        if line.startswith(name))
+        assert injected >= 9  # the eight above and the warm-up pod
+        assert 'shardlease_operator_reconciles_total{result="ok"}' in metrics
     finally:
         proc.stop()
         await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
@@ -202,7 +219,7 @@ async def test_a_reconciliation_that_failed_is_retried_until_it_succeeds(
         body["spec"]["template"]["spec"]["serviceAccountName"] = "db-app"
         await apps.create_namespaced_stateful_set(namespace, body)
         proc = spawn("operator", ["operator", "--namespace", namespace, "--agent-image", "x",
-                                  "--liveness", ""], tmp_path, env={"KUBECONFIG": operator_kc})
+                                  "--http", ""], tmp_path, env={"KUBECONFIG": operator_kc})
 
         async def refused_once() -> bool:
             return "reconciling failed" in proc.log.read_text(errors="replace")
@@ -259,7 +276,7 @@ async def test_a_status_nobody_refreshes_is_marked_unknown(
                     "message": "2 shard(s)", "lastTransitionTime": long_ago}]}},
             _content_type="application/merge-patch+json")
     proc = spawn("operator", ["operator", "--namespace", namespace, "--agent-image", "x",
-                              "--liveness", ""], tmp_path, env={"KUBECONFIG": kubeconfig})
+                              "--http", ""], tmp_path, env={"KUBECONFIG": kubeconfig})
     try:
         async def unknown() -> dict[str, Any] | None:
             c = (await conditions(api, namespace, "old")).get("Balanced")

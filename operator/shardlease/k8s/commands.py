@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from shardlease.errors import ConfigError
 
@@ -43,8 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     op.add_argument("--webhook-addr", default="0.0.0.0")
     op.add_argument("--webhook-cert-dir", default=os.environ.get("SHARDLEASE_WEBHOOK_CERT_DIR"),
                     help="directory with tls.crt and tls.key (no webhook without it)")
-    op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                    help="kopf's liveness endpoint URL ('' to disable)")
+    op.add_argument("--http", default="0.0.0.0:8080",
+                    help="ADDRESS:PORT of /healthz, /readyz and /metrics ('' to disable)")
+    # The older spelling (kopf's liveness URL): only its address and port count now.
+    op.add_argument("--liveness", dest="http_url", help=argparse.SUPPRESS)
     op.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
     op.set_defaults(func=_guarded(run_operator))
 
@@ -86,7 +89,6 @@ def run_operator(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from shardlease.k8s.inject import AgentConfig
-    from shardlease.k8s.login import identity
     from shardlease.k8s.operator import Operator
 
     if not args.agent_image:
@@ -111,16 +113,17 @@ def run_operator(args: argparse.Namespace) -> int:
     else:
         logging.getLogger("shardlease").warning(
             "no --webhook-cert-dir: the sidecar injection webhook is not served")
+    http = args.http if args.http_url is None else \
+        (urlsplit(args.http_url).netloc if args.http_url else "")
+    address = None
+    if http:
+        host, _, port = http.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--http must be ADDRESS:PORT, not {http!r}")
+        address = (host or "0.0.0.0", int(port))
     op = Operator(agent_image=args.agent_image, webhook=webhook, kubeconfig=args.kubeconfig,
-                  namespaces=args.namespaces, agent_config=agent_config)
-    liveness = args.liveness or None
-
-    async def main() -> None:
-        await kopf.operator(registry=op.registry, standalone=True,
-                            clusterwide=not op.namespaces, namespaces=op.namespaces,
-                            liveness_endpoint=liveness, identity=identity())
-
-    asyncio.run(main())
+                  namespaces=args.namespaces, agent_config=agent_config, http=address)
+    asyncio.run(op.run())
     return 0
 
 

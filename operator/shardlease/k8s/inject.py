@@ -24,6 +24,7 @@ from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
 AGENT = "shardlease-agent"
 AGENT_PORT = 8470
 INJECTED = "shardlease.io/injected"
+AGENT_LABEL = "shardlease.io/agent"
 
 #: Containers that are other meshes' or tools' sidecars: never given the drain
 #: hook (their shutdown is theirs to manage), even when they run as regular
@@ -168,4 +169,7 @@ def inject(pod: dict[str, Any], image: str, shardset: str, *, native: bool = Tru
             {"name": n} for n in config.image_pull_secrets if n not in have]
     meta = out.setdefault("metadata", {})
     meta.setdefault("annotations", {})[INJECTED] = "true"
+    # A label, so that a PodMonitor (the chart's metrics.podMonitor) can select
+    # every agent in the cluster.
+    meta.setdefault("labels", {})[AGENT_LABEL] = "true"
     return out

@@ -44,7 +44,9 @@ from shardlease.k8s.inject import (
     owner_statefulset,
 )
 from shardlease.k8s.login import identity, register_login
+from shardlease.k8s.operator_http import OperatorMetrics, ProbeServer
 from shardlease.k8s.spec import (
+    SHARDS,
     agent_config_from_annotations,
     default_account_allowed,
     drain_containers,
@@ -65,7 +67,8 @@ MANAGED = {"app.kubernetes.io/managed-by": "shardlease"}
 class Operator:
     def __init__(self, *, agent_image: str, webhook: kopf.WebhookServer | None = None,
                  kubeconfig: str | None = None, namespaces: list[str] | None = None,
-                 agent_config: AgentConfig | None = None) -> None:
+                 agent_config: AgentConfig | None = None,
+                 http: tuple[str, int] | None = None) -> None:
         self.agent_image = agent_image
         self.agent_config = agent_config or AgentConfig()
         #: Inject the agent as a native sidecar (decided at start from /version).
@@ -90,6 +93,13 @@ class Operator:
         #: Every ShardSet as last seen, to mark statuses nobody refreshes.
         self.shardsets: dict[tuple[str, str], dict[str, Any]] = {}
         self._stale_watch: asyncio.Task[None] | None = None
+        self.metrics = OperatorMetrics()
+        #: Set once every StatefulSet was listed: the webhook's answers are then
+        #: complete (readiness waits for it).
+        self.warm = asyncio.Event()
+        self.http = http
+        self._probes: ProbeServer | None = None
+        self._warmer: asyncio.Task[None] | None = None
         self._api: Any = None
         self._lock = asyncio.Lock()
         self.registry = kopf.OperatorRegistry()
@@ -116,12 +126,21 @@ class Operator:
             if self.webhook is not None:
                 settings.admission.server = self.webhook
             await self.detect_native_sidecars()
+            self._warmer = asyncio.create_task(self.warm_cache(), name="shardlease-warm")
+            if self.http is not None:
+                webhook = (self.webhook.addr or "0.0.0.0", self.webhook.port or 0) \
+                    if self.webhook is not None else None
+                self._probes = ProbeServer(self.metrics, warm=self.warm, webhook=webhook,
+                                           alive=self.problem)
+                await self._probes.start(*self.http)
 
         register_login(reg)
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
-            for task in (self._retrier, self._stale_watch):
+            if self._probes is not None:
+                await self._probes.stop()
+            for task in (self._retrier, self._stale_watch, self._warmer):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -139,8 +158,10 @@ class Operator:
             key = (meta.get("namespace", ""), meta.get("name", ""))
             if type == "DELETED":
                 self.shardsets.pop(key, None)
+                self.metrics.shardsets.set(len(self.shardsets))
             else:
                 self.shardsets[key] = dict(body)
+                self.metrics.shardsets.set(len(self.shardsets))
                 if self._stale_watch is None:  # in kopf's context (see _retrier)
                     self._stale_watch = asyncio.create_task(self._mark_stale_statuses(),
                                                             name="shardlease-stale")
@@ -161,6 +182,42 @@ class Operator:
             injected = await self.injected(dict(body))
             if injected is not None:
                 patch.fns.append(lambda b: _replace(b, injected))
+
+    # -- health -------------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """Why the operator is not alive, or None: a background task of its own died."""
+        for task in (self._retrier, self._stale_watch, self._warmer):
+            if task is not None and task.done() and not task.cancelled() and task.exception():
+                return f"{task.get_name()} died: {task.exception()!r}"
+        return None
+
+    async def warm_cache(self) -> None:
+        """List every StatefulSet once, so the webhook decides from a full cache."""
+        paths = [f"/apis/apps/v1/namespaces/{ns}/statefulsets" for ns in self.namespaces] \
+            or ["/apis/apps/v1/statefulsets"]
+        delay = RETRY_FIRST
+        while True:
+            try:
+                items: list[dict[str, Any]] = []
+                for path in paths:
+                    code, body = await call(await self.api(), "GET", path)
+                    if code != 200:
+                        raise ConfigError(f"GET {path}: {code} {body.get('message', '')}")
+                    items += body.get("items") or []
+                break
+            except Exception as e:
+                logger.warning("cannot list StatefulSets (%s); retrying in %.0fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        for sts in items:
+            meta = sts.get("metadata") or {}
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            self.seen.add(key)
+            if SHARDS in (meta.get("annotations") or {}):
+                self.statefulsets.setdefault(key, sts)
+        self.warm.set()
+        logger.info("cache warm: %d StatefulSet(s) seen", len(items))
 
     # -- injection ----------------------------------------------------------------
 
@@ -202,6 +259,7 @@ class Operator:
         native = self.native if config.native_sidecar is None else config.native_sidecar
         out = inject(pod, self.agent_image, name, native=native, config=config,
                      drain_containers=drained)
+        self.metrics.injections.labels("injected" if out != pod else "skipped").inc()
         return None if out == pod else out
 
     async def _read_statefulset(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -242,7 +300,9 @@ class Operator:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         try:
             await self.reconcile(sts)
+            self.metrics.reconciles.labels("ok").inc()
         except Exception as e:  # every failure is retried; none is lost
+            self.metrics.reconciles.labels("error").inc()
             when = asyncio.get_running_loop().time() + delay
             self.retries[key] = (sts, delay, when)
             self._retry_wake.set()
@@ -257,6 +317,7 @@ class Operator:
         else:
             if self.retries.pop(key, None) is not None or retrying:
                 logger.info("StatefulSet %s/%s: reconciled after retrying", *key)
+        self.metrics.retries_pending.set(len(self.retries))
 
     async def _mark_stale_statuses(self, every: float = 5.0) -> None:
         """Balanced=Unknown on ShardSets whose agents stopped publishing."""
@@ -276,6 +337,7 @@ class Operator:
                        f"{status.get('observedTime')}, by {status.get('publishedBy')}): "
                        "the owners shown may be gone")
                 logger.warning("ShardSet %s/%s: %s", ns, name, msg)
+                self.metrics.stale_statuses.inc()
                 try:
                     await self._set_condition(ns, name, "Unknown", "StatusStale", msg,
                                               type_="Balanced")
@@ -381,6 +443,7 @@ class Operator:
             await self._set_condition(ns, name, "True", "AllPodsInjected",
                                       "every Ready pod runs the agent", type_="AgentsInjected")
         self.missing[key] = missing
+        self.metrics.pods_without_agent.set(sum(len(m) for m in self.missing.values()))
 
     def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
         # No blockOwnerDeletion: it would need update on statefulsets/finalizers
