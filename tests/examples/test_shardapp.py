@@ -78,8 +78,10 @@ class AppHandle:
         return await self.call("POST", f"/shards/{shard}/open",
                                json={"shard": shard, "generation": generation})
 
-    async def close(self, shard: int) -> Answer:
-        return await self.call("POST", f"/shards/{shard}/close", json={"shard": shard})
+    async def close(self, shard: int, generation: int | None = None) -> Answer:
+        body = {"shard": shard} if generation is None else {"shard": shard,
+                                                             "generation": generation}
+        return await self.call("POST", f"/shards/{shard}/close", json=body)
 
     async def put(self, key: str, value: str) -> Answer:
         return await self.call("PUT", f"/kv/{key}", data=value.encode())
@@ -252,6 +254,52 @@ async def test_reopen_at_the_same_generation_and_close(
     late = await a.open(2, 5)
     assert late.status == 409 and late.body["stored_generation"] == 6
     assert (await a.put(key, "w")).status == 200
+
+
+async def test_every_call_names_its_generation_and_older_calls_lose(
+        make_app: MakeApp) -> None:
+    """A slow open that arrives after its close, or a close that arrives
+    after the next open, must not leave the app holding a shard with no lease."""
+    a = await make_app()
+    key = keys_of(3, 1)[0]
+    assert (await a.open(3, 4)).status == 200
+    # The close of generation 4 overtook by the open of 5 (it was retried late):
+    assert (await a.open(3, 5)).status == 200
+    stale_close = await a.close(3, 4)
+    assert stale_close.status == 200 and stale_close.body["was_open"] is False
+    assert (await a.put(key, "still open")).status == 200
+    assert (await a.close(3, 5)).body["was_open"] is True
+    # The open of 5, slow on its way, arrives after its close: refused.
+    late = await a.open(3, 5)
+    assert late.status == 409 and "already closed" in late.body["message"]
+    assert (await a.put(key, "x")).status == 421
+    assert (await a.open(3, 6)).status == 200
+    assert (await a.close(3, -1)).status == 400
+
+
+async def test_the_http_host_sends_the_generation_and_its_own_timeouts(
+        make_app: MakeApp) -> None:
+    from shardlease.errors import HostError
+    from shardlease.hosts.http import HttpHost
+
+    a = await make_app()
+    host = HttpHost(a.url, open_timeout=30, close_timeout=30)
+    try:
+        await host.open(1, 9)
+        assert a.app.open_shards[1].generation == 9
+        await host.close(1)
+        assert a.app.closed_at[1] == 9  # the close named generation 9
+        with pytest.raises(HostError, match="409"):
+            await host.open(1, 9)  # the same generation again, after its close
+    finally:
+        await host.aclose()
+    # A timeout is the caller's: tiny here, so the open fails as a HostError.
+    slow = HttpHost(a.url, open_timeout=1e-6)
+    try:
+        with pytest.raises(HostError, match="open shard 2"):
+            await slow.open(2, 1)
+    finally:
+        await slow.aclose()
 
 
 # -- answers lost in flight ---------------------------------------------------------------------

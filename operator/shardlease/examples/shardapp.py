@@ -8,7 +8,11 @@ Run it beside a shardlease agent (or a ``shardlease node --host http://...``)::
 It speaks the sidecar's HTTP host protocol (any 2xx is success)::
 
     POST /shards/{shard}/open   {"shard": S, "generation": G}
-    POST /shards/{shard}/close  {"shard": S}
+    POST /shards/{shard}/close  {"shard": S, "generation": G}
+
+A call older than what this instance has seen of the shard is ignored (a
+close of generation 3 while 4 is open here) or refused (an open of a
+generation already closed here: a slow open that arrives after its close).
 
 and serves its own API::
 
@@ -392,6 +396,8 @@ class ShardApp:
     open_shards: dict[int, OpenShard] = field(default_factory=dict)
     #: shard -> the generation that fenced it here (cleared by open and close).
     fenced: dict[int, int | None] = field(default_factory=dict)
+    #: shard -> the highest generation closed here: an open at or below it is late.
+    closed_at: dict[int, int] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
     _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
 
@@ -415,6 +421,13 @@ class ShardApp:
                 raise NewerOwner(f"shard {shard} is open here at generation {held.generation}, "
                                  f"above {generation}", shard=shard, generation=generation,
                                  stored_generation=held.generation)
+            if generation <= self.closed_at.get(shard, -1):
+                # Its close came first (the agent gave up on it, or it was slow
+                # on the way): opening it now would hold a shard with no lease.
+                self.stats["opens_refused"] += 1
+                raise NewerOwner(f"shard {shard}: generation {generation} was already closed "
+                                 f"here", shard=shard, generation=generation,
+                                 stored_generation=self.closed_at[shard])
             self.open_shards.pop(shard, None)  # a failed open leaves the shard closed
             for _ in range(OPEN_ATTEMPTS):
                 snap = await self.objects.read(shard)
@@ -446,10 +459,21 @@ class ShardApp:
             raise StorageError(f"shard {shard}: the object kept changing during the open "
                                f"({OPEN_ATTEMPTS} attempts); the shard stays closed")
 
-    async def close(self, shard: int) -> bool:
-        """Close `shard` (after its write in flight); whether it was open."""
+    async def close(self, shard: int, generation: int | None = None) -> bool:
+        """Close `shard` at `generation` (after its write in flight); whether it
+        was open. A close older than the generation open here is ignored."""
         self._check_shard(shard)
         async with self._lock(shard):
+            held = self.open_shards.get(shard)
+            if generation is not None and held is not None and held.generation > generation:
+                self.stats["closes_ignored"] += 1
+                log.info("ignored a close of shard %d at generation %d: %d is open here",
+                         shard, generation, held.generation)
+                return False
+            closing = generation if generation is not None else \
+                (held.generation if held is not None else None)
+            if closing is not None:
+                self.closed_at[shard] = max(closing, self.closed_at.get(shard, -1))
             was_open = self.open_shards.pop(shard, None) is not None
             self.fenced.pop(shard, None)
         self.stats["closes"] += 1
@@ -633,8 +657,12 @@ class ShardApp:
                                   "keys": len(state.data)})
 
     async def _http_close(self, request: web.Request) -> web.Response:
-        shard, _ = await self._control(request)
-        was_open = await self.close(shard)
+        shard, body = await self._control(request)
+        generation = body.get("generation")
+        if generation is not None and (not isinstance(generation, int) or
+                                       isinstance(generation, bool) or generation < 0):
+            raise BadRequest(f"generation must be an integer >= 0, not {generation!r}")
+        was_open = await self.close(shard, generation)
         return web.json_response({"shard": shard, "closed": True, "was_open": was_open})
 
     async def _http_shards(self, _: web.Request) -> web.Response:

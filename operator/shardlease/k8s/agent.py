@@ -282,7 +282,8 @@ class Agent:
         self._changed.clear()
         options = spec.options(name=self.pod_name, cluster=self.shardset)
         store = open_store(spec.store)
-        host = HttpHost(self.host_url or spec.host.url)
+        host = HttpHost(self.host_url or spec.host.url, open_timeout=options.open_timeout,
+                        close_timeout=options.close_timeout)
         try:
             await store.check()
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
