@@ -85,7 +85,7 @@ BAD_VALUES = [
     ("--set", "image.pullPolicy=Sometimes"),
     ("--set", "image.digest=latest"),
     ("--set", "replicas=-1"),
-    ("--set", "replicas=2"),
+    ("--set", "replicas=11"),
     ("--set-string", "replicas=1"),
     ("--set", "webhook.failurePolicy=Maybe"),
     ("--set", "webhook.timeoutSeconds=60"),
@@ -137,6 +137,9 @@ def test_default_render_has_exactly_the_expected_objects(docs):
         ("ClusterRoleBinding", OPERATOR_ROLE),
         ("Deployment", "shardlease"),
         ("MutatingWebhookConfiguration", "shardlease"),
+        ("PodDisruptionBudget", "shardlease"),
+        ("Role", "shardlease-leader-election"),
+        ("RoleBinding", "shardlease-leader-election"),
         ("Secret", "shardlease-webhook-tls"),
         ("Service", "shardlease"),
         ("ServiceAccount", "shardlease"),
@@ -155,7 +158,7 @@ def test_crd_is_installed_from_the_crds_directory(helm):
 
 def test_operator_deployment(docs):
     dep = one(docs, "Deployment", "shardlease")
-    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     spec = pod["spec"]
@@ -164,7 +167,7 @@ def test_operator_deployment(docs):
     assert c["image"] == "shardlease:0.1.0"
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert "command" not in c, "the image's ENTRYPOINT (shardlease) must stay"
-    assert c["args"] == ["operator"]
+    assert c["args"] == ["operator", "--leader-election"]
     env = env_of(c)
     assert env["SHARDLEASE_AGENT_IMAGE"] == c["image"]
     assert env["SHARDLEASE_WEBHOOK_CERT_DIR"] == "/certs"
@@ -354,7 +357,12 @@ def test_cluster_role_grants_exactly_the_contract(docs, role, table):
 
 def test_rbac_has_no_wildcards_secrets_or_other_roles(docs):
     rbac = [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")]
-    assert {d["kind"] for d in rbac} == {"ClusterRole", "ClusterRoleBinding"}
+    assert {d["kind"] for d in rbac} == {"ClusterRole", "ClusterRoleBinding", "Role",
+                                         "RoleBinding"}
+    # The one namespaced Role: the leader election Lease, in the release namespace.
+    (role,) = by_kind(rbac, "Role")
+    assert role["metadata"]["namespace"] == "shardlease-system"
+    assert [r["resources"] for r in role["rules"]] == [["leases"]]
     for d in by_kind(rbac, "ClusterRole"):
         assert "aggregationRule" not in d
         for rule in d["rules"]:
@@ -440,3 +448,21 @@ def test_monitors_are_off_by_default_and_scrape_the_operator_and_every_agent(hel
         AGENT_LABEL]}
     ports = agent_container("img", "db", token="t", native=True)["ports"]
     assert [p["name"] for p in ports] == ["shardlease"]
+
+
+def test_replicas_elect_a_leader_and_keep_one_through_disruptions(helm):
+    docs = helm.template()
+    dep = one(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "--leader-election" in c["args"]
+    assert env_of(c)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+    role = one(docs, "Role", "shardlease-leader-election")
+    assert role["metadata"]["namespace"] == "shardlease-system"
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "patch", "update"]}]
+    rb = one(docs, "RoleBinding", "shardlease-leader-election")
+    assert rb["subjects"][0]["name"] == dep["spec"]["template"]["spec"]["serviceAccountName"]
+    assert not by_kind(helm.template("--set", "replicas=1"), "PodDisruptionBudget")

@@ -287,3 +287,56 @@ async def test_a_status_nobody_refreshes_is_marked_unknown(
         assert fresh["status"] == "True"
     finally:
         proc.stop()
+
+
+async def test_two_replicas_one_leader_and_the_other_takes_over(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    """With --leader-election only the holder of the Lease reconciles; killed,
+    its Lease expires and the other replica reconciles what came meanwhile."""
+    import signal
+
+    api = api_client
+    apps, coord = client.AppsV1Api(api), client.CoordinationV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    await apply_crd(api)
+    sa = client.CoreV1Api(api)
+    await sa.create_namespaced_service_account(namespace, {"metadata": {"name": "db-app"}})
+    procs = []
+    for i in range(2):
+        (tmp_path / f"r{i}").mkdir()
+        procs.append(spawn("operator", [
+            "operator", "--namespace", namespace, "--agent-image", "x", "--http", "",
+            "--leader-election", "--leader-election-namespace", namespace],
+            tmp_path / f"r{i}", env={"KUBECONFIG": kubeconfig}))
+    try:
+        def sts(name: str) -> dict[str, Any]:
+            body = statefulset(name, namespace, {"shardlease.io/shards": "2"})
+            body["spec"]["template"]["spec"]["serviceAccountName"] = "db-app"
+            return body
+
+        async def shardset(name: str) -> bool:
+            try:
+                await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                          name)
+                return True
+            except client.ApiException:
+                return False
+        await apps.create_namespaced_stateful_set(namespace, sts("one"))
+        await eventually(lambda: shardset("one"), "the leader to create ShardSet one")
+        lease = await coord.read_namespaced_lease("shardlease-operator", namespace)
+        holder = lease.spec.holder_identity
+        leader = next(p for p in procs if holder.endswith(f"/{p.popen.pid}"))
+        follower = next(p for p in procs if p is not leader)
+        assert "created ShardSet" not in follower.log.read_text()
+        assert "is now the leader" not in follower.log.read_text()
+
+        leader.signal(signal.SIGKILL)
+        await apps.create_namespaced_stateful_set(namespace, sts("two"))
+        await eventually(lambda: shardset("two"), "the other replica to take over", 60)
+        lease = await coord.read_namespaced_lease("shardlease-operator", namespace)
+        assert lease.spec.holder_identity.endswith(f"/{follower.popen.pid}")
+        assert lease.spec.lease_transitions == 1
+        assert "is now the leader" in follower.log.read_text()
+    finally:
+        for p in procs:
+            p.stop()

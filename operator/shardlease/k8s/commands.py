@@ -44,6 +44,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     op.add_argument("--webhook-addr", default="0.0.0.0")
     op.add_argument("--webhook-cert-dir", default=os.environ.get("SHARDLEASE_WEBHOOK_CERT_DIR"),
                     help="directory with tls.crt and tls.key (no webhook without it)")
+    op.add_argument("--leader-election", action="store_true",
+                    help="reconcile only while holding the Lease shardlease-operator, so that "
+                         "several replicas can serve the webhook")
+    op.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE"),
+                    help="namespace of that Lease (default $POD_NAMESPACE)")
     op.add_argument("--http", default="0.0.0.0:8080",
                     help="ADDRESS:PORT of /healthz, /readyz and /metrics ('' to disable)")
     # The older spelling (kopf's liveness URL): only its address and port count now.
@@ -121,8 +126,15 @@ def run_operator(args: argparse.Namespace) -> int:
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--http must be ADDRESS:PORT, not {http!r}")
         address = (host or "0.0.0.0", int(port))
+    election = None
+    if args.leader_election:
+        if not args.leader_election_namespace:
+            raise ConfigError("--leader-election needs --leader-election-namespace "
+                              "(or POD_NAMESPACE)")
+        election = (args.leader_election_namespace, "shardlease-operator")
     op = Operator(agent_image=args.agent_image, webhook=webhook, kubeconfig=args.kubeconfig,
-                  namespaces=args.namespaces, agent_config=agent_config, http=address)
+                  namespaces=args.namespaces, agent_config=agent_config, http=address,
+                  leader_election=election)
     asyncio.run(op.run())
     return 0
 

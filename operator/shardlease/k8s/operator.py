@@ -43,6 +43,7 @@ from shardlease.k8s.inject import (
     native_sidecars_supported,
     owner_statefulset,
 )
+from shardlease.k8s.leader import LeaderElector
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.operator_http import OperatorMetrics, ProbeServer
 from shardlease.k8s.spec import (
@@ -68,7 +69,8 @@ class Operator:
     def __init__(self, *, agent_image: str, webhook: kopf.WebhookServer | None = None,
                  kubeconfig: str | None = None, namespaces: list[str] | None = None,
                  agent_config: AgentConfig | None = None,
-                 http: tuple[str, int] | None = None) -> None:
+                 http: tuple[str, int] | None = None,
+                 leader_election: tuple[str, str] | None = None) -> None:
         self.agent_image = agent_image
         self.agent_config = agent_config or AgentConfig()
         #: Inject the agent as a native sidecar (decided at start from /version).
@@ -98,6 +100,16 @@ class Operator:
         #: complete (readiness waits for it).
         self.warm = asyncio.Event()
         self.http = http
+        #: Every StatefulSet's newest body (opted in or not): a new leader
+        #: reconciles them all.
+        self.latest: dict[tuple[str, str], dict[str, Any]] = {}
+        self.elector: LeaderElector | None = None
+        if leader_election is not None:
+            namespace, name = leader_election
+            self.elector = LeaderElector(self.api, namespace=namespace, name=name,
+                                         identity=identity())
+        self._campaign: asyncio.Task[None] | None = None
+        self._resync: asyncio.Task[None] | None = None
         self._probes: ProbeServer | None = None
         self._warmer: asyncio.Task[None] | None = None
         self._api: Any = None
@@ -140,7 +152,8 @@ class Operator:
         async def cleanup(**_: Any) -> None:
             if self._probes is not None:
                 await self._probes.stop()
-            for task in (self._retrier, self._stale_watch, self._warmer):
+            for task in (self._retrier, self._stale_watch, self._warmer, self._campaign,
+                         self._resync):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -168,7 +181,7 @@ class Operator:
             if type == "DELETED":
                 self.applied.pop(key, None)
                 sts = self.statefulsets.get(key)
-                if sts is not None:
+                if sts is not None and self.leading():
                     logger.info("ShardSet %s/%s was deleted while opted in: recreating", *key)
                     await self.reconcile_or_retry(sts)
 
@@ -290,9 +303,30 @@ class Operator:
             self.injectable.pop(key, None)
             self.applied.pop(key, None)
             self.retries.pop(key, None)
+            self.latest.pop(key, None)
             return
         self.seen.add(key)
-        await self.reconcile_or_retry(sts)
+        self.latest[key] = sts
+        if self.elector is not None and self._campaign is None:
+            # From a resource handler: it inherits kopf's context (see _retrier).
+            self._campaign = asyncio.create_task(self.elector.run(self._lead),
+                                                 name="shardlease-leader")
+        if self.leading():
+            await self.reconcile_or_retry(sts)
+
+    def leading(self) -> bool:
+        """Whether this replica reconciles (always, without leader election)."""
+        return self.elector is None or self.elector.leading.is_set()
+
+    async def _lead(self) -> None:
+        """Just elected: reconcile everything (events seen as a follower were
+        not), in a task of its own so that the Lease keeps being renewed."""
+        async def resync() -> None:
+            for sts in list(self.latest.values()):
+                if not self.leading():
+                    return
+                await self.reconcile_or_retry(sts)
+        self._resync = asyncio.create_task(resync(), name="shardlease-resync")
 
     async def reconcile_or_retry(self, sts: dict[str, Any], delay: float = RETRY_FIRST,
                                  retrying: bool = False) -> None:
@@ -323,6 +357,8 @@ class Operator:
         """Balanced=Unknown on ShardSets whose agents stopped publishing."""
         while True:
             await asyncio.sleep(every)
+            if not self.leading():
+                continue
             now = dt.datetime.now(dt.UTC)
             for (ns, name), body in list(self.shardsets.items()):
                 status = body.get("status") or {}
@@ -351,6 +387,8 @@ class Operator:
             self._retry_wake.clear()
             now = loop.time()
             for key, (sts, delay, when) in list(self.retries.items()):
+                if not self.leading():
+                    break
                 if when <= now and self.retries.get(key, (None,))[0] is sts:
                     self.retries.pop(key)
                     await self.reconcile_or_retry(sts, min(delay * 2, RETRY_MAX), retrying=True)
