@@ -231,13 +231,18 @@ class App:
         counts = {n: list(owners.values()).count(n) for n in ready}
         return status if max(counts.values()) <= share else None
 
-    def open_shards(self) -> dict[str, dict[int, int]]:
-        """pod -> {shard: generation} as each Ready pod's application says."""
+    def open_shards(self) -> dict[str, dict[int, int]] | None:
+        """pod -> {shard: generation} as each Ready pod's application says;
+        None when one of them did not answer (the sample would be partial)."""
         out: dict[str, dict[int, int]] = {}
         for name, ip in self.ready_pods().items():
-            code, body = http("GET", f"http://{ip}:8080/shards", timeout=2)
-            if code == 200:
-                out[name] = {int(s): v["generation"] for s, v in json.loads(body)["open"].items()}
+            try:
+                code, body = http("GET", f"http://{ip}:8080/shards", timeout=2)
+            except OSError:
+                return None
+            if code != 200:
+                return None
+            out[name] = {int(s): v["generation"] for s, v in json.loads(body)["open"].items()}
         return out
 
     def write(self, key: str, value: str) -> None:
@@ -296,9 +301,11 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.monotonic(), self.app.open_shards()))
+                seen = self.app.open_shards()
             except Exception:
-                pass
+                seen = None
+            if seen is not None:
+                self.samples.append((time.monotonic(), seen))
             self._stop.wait(self.every)
 
     def figures(self) -> dict[str, float]:
@@ -321,6 +328,9 @@ class Sampler:
                     if last_owner.get(s) not in (None, owner_of[s]):
                         moves += 1
                     last_owner[s] = owner_of[s]
+        if self.samples:  # gaps still open when sampling stopped
+            end = self.samples[-1][0]
+            longest = max([longest, *(end - t for t in gap_start.values())])
         return {"unowned_shard_s": round(unowned, 2), "longest_gap_s": round(longest, 2),
                 "moves": moves}
 
