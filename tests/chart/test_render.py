@@ -287,18 +287,26 @@ def test_self_signed_webhook_certificate(docs, tmp_path):
 def test_cert_manager_mode(helm):
     docs = helm.template("--set", "webhook.certManager.enabled=true")
     assert not by_kind(docs, "Secret"), "cert-manager writes the Secret, not helm"
+    # self-signed Issuer -> CA Certificate -> CA Issuer -> serving Certificate
     issuer = one(docs, "Issuer", "shardlease-selfsigned")
     assert issuer["spec"] == {"selfSigned": {}}
+    ca = one(docs, "Certificate", "shardlease-ca")
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"]["name"] == "shardlease-selfsigned"
+    ca_issuer = one(docs, "Issuer", "shardlease-ca")
+    assert ca_issuer["spec"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
     cert = one(docs, "Certificate", "shardlease-webhook")
-    assert cert["spec"]["issuerRef"] == {"name": "shardlease-selfsigned", "kind": "Issuer",
+    assert cert["spec"]["issuerRef"] == {"name": "shardlease-ca", "kind": "Issuer",
                                          "group": "cert-manager.io"}
+    assert "isCA" not in cert["spec"]
     assert "shardlease.shardlease-system.svc" in cert["spec"]["dnsNames"]
     dep = one(docs, "Deployment", "shardlease")
     (certs,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
     assert certs["secret"]["secretName"] == cert["spec"]["secretName"]
     mwc = one(docs, "MutatingWebhookConfiguration", "shardlease")
+    # The bundle is the CA: renewing the serving certificate leaves it alone.
     assert mwc["metadata"]["annotations"] == {
-        "cert-manager.io/inject-ca-from": "shardlease-system/shardlease-webhook"}
+        "cert-manager.io/inject-ca-from": "shardlease-system/shardlease-ca"}
     (wh,) = mwc["webhooks"]
     assert "caBundle" not in wh["clientConfig"]
 
@@ -308,9 +316,13 @@ def test_cert_manager_mode_with_an_existing_issuer(helm):
                          "--set", "webhook.certManager.issuerRef.name=corp-ca",
                          "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer")
     assert not by_kind(docs, "Issuer")
+    assert [c["metadata"]["name"] for c in by_kind(docs, "Certificate")] == ["shardlease-webhook"]
     cert = one(docs, "Certificate", "shardlease-webhook")
     assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
                                          "group": "cert-manager.io"}
+    mwc = one(docs, "MutatingWebhookConfiguration", "shardlease")
+    assert mwc["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "shardlease-system/shardlease-webhook"}
 
 
 @pytest.mark.parametrize(("args", "image", "policy"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -121,3 +122,55 @@ async def test_shardsets_are_not_in_kubectl_get_all(api_client: client.ApiClient
     columns = [c.name for c in crd.spec.versions[0].additional_printer_columns]
     assert columns == ["Shards", "Owned", "Live", "Balanced", "Configured", "Store", "Age",
                        "Message"]
+
+
+async def test_the_crd_upgrades_in_place_with_server_side_apply(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Any) -> None:
+    """README's upgrade step, as typed: `kubectl apply --server-side
+    --force-conflicts -f` a CRD that adds a field, over one in use."""
+    import subprocess
+
+    import yaml
+
+    from .conftest import cpmod
+    from .scenario import CRD
+
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    await custom.create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", shardset("kept", GOOD))
+    newer = yaml.safe_load(CRD.read_text())
+    spec = newer["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["upgradeProbe"] = {"type": "string", "description": "added by a test"}
+    path = tmp_path / "crd.yaml"
+    path.write_text(yaml.safe_dump(newer))
+    kubectl = str(cpmod.binary_path("kubectl"))
+    try:
+        out = await asyncio.to_thread(
+            subprocess.run, [kubectl, "--kubeconfig", kubeconfig, "apply", "--server-side",
+                             "--force-conflicts", "-f", str(path)],
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "serverside-applied" in out.stdout
+        kept = await custom.get_namespaced_custom_object(
+            "shardlease.io", "v1alpha1", namespace, "shardsets", "kept")
+        assert kept["spec"]["shards"] == GOOD["shards"]
+
+        async def accepted() -> bool:  # the new schema takes a moment to be served
+            try:
+                await custom.patch_namespaced_custom_object(
+                    "shardlease.io", "v1alpha1", namespace, "shardsets", "kept",
+                    {"spec": {"upgradeProbe": "yes"}},
+                    _content_type="application/merge-patch+json")
+            except client.ApiException:
+                return False
+            got = await custom.get_namespaced_custom_object(
+                "shardlease.io", "v1alpha1", namespace, "shardsets", "kept")
+            return bool(got["spec"].get("upgradeProbe") == "yes")
+        from .scenario import eventually
+        await eventually(accepted, "the upgraded CRD to keep the new field", 30)
+    finally:
+        # Back to the project's CRD for the other tests of this session.
+        await asyncio.to_thread(
+            subprocess.run, [kubectl, "--kubeconfig", kubeconfig, "apply", "--server-side",
+                             "--force-conflicts", "-f", str(CRD)], capture_output=True, timeout=60)
