@@ -23,7 +23,16 @@ from shardlease.stores.base import LeaseStore
 from shardlease.stores.s3 import S3Store
 from tests.support.s3server import S3Server
 
-from .contract import CLUSTER, MakeStore, PutRaw, StoreContract, make_heartbeat, make_lease, rewrite
+from .contract import (
+    CLUSTER,
+    DeleteRaw,
+    MakeStore,
+    PutRaw,
+    StoreContract,
+    make_heartbeat,
+    make_lease,
+    rewrite,
+)
 
 # The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket).
 pytest_plugins = ["tests.support.s3server"]
@@ -61,6 +70,15 @@ class TestS3StoreOnMoto(StoreContract):
             await asyncio.to_thread(client.put_object, Bucket=s3_bucket,
                                     Key=lease_key(cluster, shard), Body=data)
         return put
+
+    @pytest.fixture
+    def delete_raw(self, s3_server: S3Server, s3_bucket: str) -> DeleteRaw:
+        client = s3_server.client()
+
+        async def delete(cluster: str, shard: int) -> None:
+            await asyncio.to_thread(client.delete_object, Bucket=s3_bucket,
+                                    Key=lease_key(cluster, shard))
+        return delete
 
     @pytest.fixture
     async def make_second_store(self, s3_server: S3Server,

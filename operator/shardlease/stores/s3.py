@@ -414,10 +414,10 @@ class S3Store(LeaseStore):
             for shard, entry in zip(changed, fetched, strict=True):
                 if entry is not None:  # None: removed since the listing
                     leases[shard] = entry
-        return dict(sorted(leases.items()))
+        return self._observed_all(cluster, leases)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        return await self._fetch_lease(cluster, shard)
+        return self._observed_one(cluster, shard, await self._fetch_lease(cluster, shard))
 
     # -- writing leases --------------------------------------------------------------------
 
