@@ -30,6 +30,7 @@ liveness is judged from ETags changing.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextlib
 import logging
 import os
@@ -50,7 +51,10 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoCredentialsError,
     ReadTimeoutError,
 )
-from botocore.handlers import add_expect_header  # type: ignore[import-untyped]
+from botocore.handlers import (  # type: ignore[import-untyped]
+    _handle_200_error,
+    add_expect_header,
+)
 
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
 from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encode, stored_lease
@@ -259,6 +263,10 @@ class S3Store(LeaseStore):
                     # bodies are tiny, and a server that never answers it would
                     # hold the request (outside the read timeout) for good.
                     client.meta.events.unregister("before-call.s3", add_expect_header)
+                    # Note a 200 that is not S3 before botocore makes it a 500:
+                    # in its place, since botocore's handler runs first.
+                    client.meta.events.unregister("before-parse.s3.*", _handle_200_error)
+                    client.meta.events.register_first("before-parse.s3.*", _mark_not_s3)
                     self._stack, self._client = stack, client
         return self._client
 
@@ -311,6 +319,15 @@ class S3Store(LeaseStore):
         code = str(error.get("Code") or status)
         message = str(error.get("Message") or "")
         where = f"{operation} {self._url(key)} at {self._endpoint()}"
+        headers: Mapping[str, Any] = e.response.get("ResponseMetadata", {}).get(
+            "HTTPHeaders", {}) or {}
+        not_s3 = headers.get(_NOT_S3)
+        if not_s3:
+            return _S3Failure(
+                f"the endpoint {self._endpoint()} does not look like S3: it answered "
+                f"{operation} {self._url(key)} with HTTP 200 and {not_s3}, not an S3 "
+                "response; check the endpoint URL",
+                code="NotS3", status=200)
         if code == "NoSuchBucket":
             text = (f"the bucket {self.bucket!r} does not exist at the S3 endpoint "
                     f"{self._endpoint()} ({where}): create it first")
@@ -580,6 +597,42 @@ def _session() -> Any:
     else:
         session.register_component("data_loader", _loader)
     return session
+
+
+#: A response header set on a 200 whose body is not S3's XML (see `_mark_not_s3`).
+_NOT_S3 = "x-shardlease-not-s3"
+
+
+def _mark_not_s3(response_dict: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    """Note a 200 answer whose body is not XML before botocore rewrites its status.
+
+    botocore reads a 200 with an unparsable body as an S3 error embedded in a
+    success (CopyObject does that) and turns it into a 500, so an endpoint
+    that is not S3 at all (a web page, a JSON API) would be reported as
+    "HTTP 500" although it answered 200. The note travels in the response's
+    headers, which the error keeps."""
+    try:
+        _note_not_s3(response_dict)
+    finally:
+        _handle_200_error(response_dict=response_dict, **kwargs)
+
+
+def _note_not_s3(response_dict: dict[str, Any] | None) -> None:
+    if not response_dict or response_dict.get("status_code") != 200:
+        return
+    body = response_dict.get("body")
+    if not isinstance(body, bytes | bytearray) or not body:
+        return  # a streamed object body (GetObject), or none (PutObject)
+    head = bytes(body[:512]).lstrip().lower()
+    if head.startswith(b"<") and b"<html" not in head and b"<!doctype html" not in head:
+        return  # XML: S3's own (an error embedded in a 200 stays botocore's business)
+    headers = response_dict.get("headers")
+    if isinstance(headers, collections.abc.MutableMapping):
+        kind = str(headers.get("content-type") or "no content type")
+        preview = bytes(body[:60]).decode("utf-8", "replace")
+        headers[_NOT_S3] = f"a body of {kind}: {preview!r}"
+        # An HTML page parses as XML: without this it would read as "no objects".
+        response_dict["status_code"] = 500
 
 
 def clean_etag(raw: str) -> str:
