@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import logging
 import socket
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
@@ -473,7 +475,115 @@ async def test_check_passes_on_moto_and_leaves_nothing_behind(
         store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     await store.check()
     assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
-    assert dict(store.requests) == {"list": 1, "put": 5, "delete": 2}
+    assert dict(store.requests) == {"list": 2, "get": 1, "put": 5, "delete": 2}
+
+
+class LossyProxy(BaseHTTPRequestHandler):
+    """An HTTP proxy to a real S3 server that forwards every request but drops
+    the answer of the requests `lose` picks (the connection closes unanswered),
+    as a network that fails after the server acted does."""
+
+    upstream: ClassVar[tuple[str, int]]
+    lose: ClassVar[Any]
+    lost: ClassVar[list[str]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def forward(self) -> None:
+        data = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        connection = http.client.HTTPConnection(*self.upstream, timeout=30)
+        try:
+            connection.request(self.command, self.path, body=data or None,
+                               headers={k: v for k, v in self.headers.items()})
+            answer = connection.getresponse()
+            payload = answer.read()
+        finally:
+            connection.close()
+        if self.lose(self.command, self.path):
+            self.lost.append(f"{self.command} {self.path}")
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("content-length", "transfer-encoding", "connection",
+                                    "server", "date"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = do_POST = forward
+
+
+@pytest.fixture
+def lossy(s3_server: S3Server) -> Iterator[type[LossyProxy]]:
+    parts = urlsplit(s3_server.endpoint)
+    handler = type("Lossy", (LossyProxy,), {
+        "upstream": (parts.hostname, parts.port), "lose": staticmethod(lambda m, p: False),
+        "lost": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    handler.endpoint = f"http://127.0.0.1:{server.server_port}"  # type: ignore[attr-defined]
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+def first_only(method: str, marker: str) -> Any:
+    """Lose the answer of the first `method` request whose path contains `marker`."""
+    done: list[bool] = []
+
+    def lose(m: str, path: str) -> bool:
+        if done or m != method or marker not in path:
+            return False
+        done.append(True)
+        return True
+    return lose
+
+
+@pytest.mark.parametrize("lost_write", ["If-None-Match", "If-Match"])
+async def test_check_survives_a_probe_write_whose_answer_was_lost_and_cleans_up(
+        s3_server: S3Server, s3_bucket: str, lossy: type[LossyProxy], lost_write: str) -> None:
+    puts: list[str] = []
+
+    def lose(method: str, path: str) -> bool:
+        if method != "PUT" or ".shardlease-probe" not in path or "never-created" in path:
+            return False
+        puts.append(path)
+        # The create is the first probe PUT; the update with the right ETag the fourth.
+        return len(puts) == (1 if lost_write == "If-None-Match" else 4)
+
+    lossy.lose = staticmethod(lose)
+    store = S3Store(s3_bucket, PREFIX, endpoint_url=lossy.endpoint,  # type: ignore[attr-defined]
+                    path_style=True)
+    try:
+        await store.check()
+    finally:
+        await store.aclose()
+    assert len(lossy.lost) == 1, lossy.lost
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+
+
+async def test_check_removes_the_probe_object_whatever_the_outcome(
+        s3_server: S3Server, s3_bucket: str, lossy: type[LossyProxy]) -> None:
+    # Every answer to a read of the probe object is lost: the check fails
+    # after the probe object was written, and must remove it all the same.
+    lossy.lose = staticmethod(lambda method, path: method == "GET" and "probe/" in path)
+    store = S3Store(s3_bucket, PREFIX, endpoint_url=lossy.endpoint,  # type: ignore[attr-defined]
+                    path_style=True)
+    try:
+        with pytest.raises(StoreError):
+            await store.check()
+    finally:
+        await store.aclose()
+    assert lossy.lost, "no read was lost"
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
 
 
 class StubS3(BaseHTTPRequestHandler):
@@ -505,8 +615,21 @@ class StubS3(BaseHTTPRequestHandler):
         self.seen.append("GET")
         if self.fail_with:
             return self.error(self.fail_with, "InternalError")
+        path, _, query = self.path.partition("?")
+        if "list-type" not in query:
+            found = self.objects.get(path)
+            if found is None:
+                return self.error(404, "NoSuchKey")
+            return self.reply(206, found, ETag=f'"{hashlib.md5(found).hexdigest()}"',
+                              Content_Range=f"bytes 0-{len(found) - 1}/{len(found)}")
+        prefix = "/" + path.strip("/") + "/" + dict(parse_qsl(query)).get("prefix", "")
+        contents = b"".join(
+            b"<Contents><Key>%s</Key><ETag>&quot;%s&quot;</ETag><Size>%d</Size></Contents>"
+            % (name[len(path.rstrip("/")) + 1:].encode(), hashlib.md5(data).hexdigest().encode(),
+               len(data))
+            for name, data in sorted(self.objects.items()) if name.startswith(prefix))
         self.reply(200, b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>'
-                   b"<Name>b</Name><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated>"
+                   b"<Name>b</Name>" + contents + b"<IsTruncated>false</IsTruncated>"
                    b"</ListBucketResult>", Content_Type="application/xml")
 
     def do_PUT(self) -> None:
