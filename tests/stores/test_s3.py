@@ -297,16 +297,22 @@ async def test_gets_run_concurrently_but_no_more_than_the_bound(
 # -- untrusted records -----------------------------------------------------------------------------
 
 
-async def test_oversize_and_empty_records_are_judged_from_the_listing_without_a_get(
+async def test_an_empty_record_is_judged_from_the_listing_and_an_oversize_one_read_bounded(
         store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     client = s3_server.client()
-    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=b"x" * 1_000_000)
+    big = (encode(make_lease(shard=1, generation=31))[:-1]
+           + b', "pad": "' + b"x" * 1_000_000 + b'"}')
+    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=big)
     client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2), Body=b"")
     listed = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1}
-    assert listed[1].record is None and "1000000 bytes" in (listed[1].error or "")
+    # The oversize one is fetched once, its first bytes only, for its generation.
+    assert dict(store.requests) == {"list": 1, "get": 1}
+    assert listed[1].record is None and f"{len(big)} bytes" in (listed[1].error or "")
+    assert listed[1].generation == 31
     assert listed[2].record is None and listed[2].error
     assert listed[1].version and listed[2].version
+    await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 2, "get": 1}, "read again though unchanged"
 
 
 async def test_a_get_reads_a_bounded_range_and_refuses_an_oversize_record(
@@ -352,6 +358,29 @@ async def test_a_lease_deleted_behind_the_stores_back_disappears_from_the_listin
     s3_server.client().delete_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1))
     assert sorted(await store.list_leases(CLUSTER)) == [2]
     assert await store.get_lease(CLUSTER, 1) is None
+
+
+async def test_one_lease_object_that_cannot_be_read_is_corrupt_not_a_failed_listing(
+        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    # moto answers a GET of an archived object 403 InvalidObjectState, as S3
+    # does; a bucket policy denying one key gives the same 403 on GET.
+    good = make_lease(shard=0)
+    await store.create_lease(good)
+    record = encode(make_lease(shard=1, owner="node-b", generation=8))
+    s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=record,
+                                  StorageClass="GLACIER")
+    listed = await store.list_leases(CLUSTER)
+    assert sorted(listed) == [0, 1]
+    assert listed[0].record == good
+    unreadable = listed[1]
+    assert unreadable.record is None and unreadable.error
+    assert "403" in unreadable.error and "InvalidObjectState" in unreadable.error
+    assert unreadable.version == hashlib.md5(record).hexdigest()
+    # It is taken over like any corrupt record: a swap on its version.
+    claim = make_lease(shard=1, owner="node-a", generation=9)
+    version = await other.write_lease(claim, unreadable.version)
+    again = await store.list_leases(CLUSTER)
+    assert again[1].version == version and again[1].record == claim
 
 
 # -- 412 and 409 -----------------------------------------------------------------------------------

@@ -387,9 +387,7 @@ class S3Store(LeaseStore):
 
     def _decode(self, etag: str, data: bytes, total: int,
                 cluster: str, shard: int) -> Stored[Lease]:
-        if total > MAX_RECORD_BYTES:
-            return Stored(etag, None, _too_big(total))
-        return stored_lease(data, etag, cluster, shard)
+        return stored_lease(data, etag, cluster, shard, total)
 
     async def _fetch_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         key = self._lease_key(cluster, shard)
@@ -401,11 +399,25 @@ class S3Store(LeaseStore):
         self._cache[key] = stored
         return stored
 
+    async def _fetch_listed(self, cluster: str, shard: int, etag: str) -> Stored[Lease] | None:
+        """A lease seen in a listing. One object this client may not read (a
+        403: a bucket policy denying its key, an archived storage class) is
+        that lease's problem, reported as a corrupt record, not a failure of
+        the whole listing: otherwise one such object would stop every node
+        from claiming anything. Not cached: it is read again next round, in
+        case the permission was fixed."""
+        try:
+            return await self._fetch_lease(cluster, shard)
+        except _S3Failure as e:
+            if e.status != 403:
+                raise
+            return Stored(etag, None, f"cannot read the lease object: {e}")
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         directory = self._lease_dir(cluster)
         listed = await self._list(directory)
         leases: dict[int, Stored[Lease]] = {}
-        changed: list[int] = []
+        changed: list[tuple[int, str]] = []
         for key, (etag, size) in listed.items():
             shard = _shard_number(key[len(directory):])
             if shard is None:
@@ -417,19 +429,20 @@ class S3Store(LeaseStore):
             cached = self._cache.get(key)
             if cached is not None and cached.version == etag:
                 leases[shard] = cached
-            elif size > MAX_RECORD_BYTES or size == 0:
-                # Judged from the listing alone: no need to fetch it.
-                stored = (Stored(etag, None, _too_big(size)) if size
-                          else stored_lease(b"", etag, cluster, shard))
-                self._cache[key] = leases[shard] = stored
+            elif size == 0:
+                # Judged from the listing alone: no need to fetch it. (An
+                # oversize record is fetched, its first bytes only, for the
+                # generation they may still show.)
+                self._cache[key] = leases[shard] = stored_lease(b"", etag, cluster, shard)
             else:
-                changed.append(shard)
+                changed.append((shard, etag))
         for key in [k for k in self._cache if k.startswith(directory) and k not in listed]:
             del self._cache[key]
 
         if changed:
-            fetched = await _all([self._fetch_lease(cluster, shard) for shard in changed])
-            for shard, entry in zip(changed, fetched, strict=True):
+            fetched = await _all([self._fetch_listed(cluster, shard, etag)
+                                  for shard, etag in changed])
+            for (shard, _), entry in zip(changed, fetched, strict=True):
                 if entry is not None:  # None: removed since the listing
                     leases[shard] = entry
         return self._observed_all(cluster, leases)
@@ -682,10 +695,6 @@ def _note_not_s3(response_dict: dict[str, Any] | None) -> None:
 def clean_etag(raw: str) -> str:
     """An ETag without quotes or a weak-validator prefix (shared with the example app)."""
     return raw.strip().removeprefix("W/").strip('"')
-
-
-def _too_big(size: int) -> str:
-    return f"lease record is {size} bytes, more than the {MAX_RECORD_BYTES} allowed"
 
 
 def _shard_number(name: str) -> int | None:
