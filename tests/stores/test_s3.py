@@ -312,7 +312,7 @@ async def test_an_empty_record_is_judged_from_the_listing_and_an_oversize_one_re
     assert listed[2].record is None and listed[2].error
     assert listed[1].version and listed[2].version
     await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 2, "get": 1}, "read again though unchanged"
+    assert dict(store.requests) == {"list": 2, "get": 1}, "not read again while unchanged"
 
 
 async def test_a_get_reads_a_bounded_range_and_refuses_an_oversize_record(
