@@ -622,6 +622,7 @@ class StubS3(BaseHTTPRequestHandler):
     honour_if_match: ClassVar[bool] = False
     fail_with: ClassVar[int] = 0
     reject_conditions: ClassVar[bool] = False
+    deny_reads: ClassVar[bool] = False
     objects: ClassVar[dict[str, bytes]]
     seen: ClassVar[list[str]]
 
@@ -645,6 +646,8 @@ class StubS3(BaseHTTPRequestHandler):
         if self.fail_with:
             return self.error(self.fail_with, "InternalError")
         path, _, query = self.path.partition("?")
+        if "list-type" not in query and self.deny_reads:
+            return self.error(403, "AccessDenied")
         if "list-type" not in query:
             found = self.objects.get(path)
             if found is None:
@@ -742,6 +745,23 @@ async def test_check_passes_on_a_server_that_honours_both_conditions(
     finally:
         await store.aclose()
     assert handler.objects == {}
+
+
+async def test_check_refuses_credentials_that_may_write_but_not_read_and_cleans_up(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
+    endpoint, handler = stub_s3
+    handler.honour_if_none_match = handler.honour_if_match = True
+    handler.deny_reads = True
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.check()
+    finally:
+        await store.aclose()
+    message = str(refused.value)
+    assert "AccessDenied" in message and "get_object" in message, message
+    assert not isinstance(refused.value, StoreUnsafe)
+    assert handler.objects == {}, "the probe object was left behind"
 
 
 async def test_server_errors_are_retried_a_few_times_then_a_store_error(
