@@ -109,27 +109,27 @@ class LeaseStore(abc.ABC):
 
     # -- shared behaviour -----------------------------------------------------
 
-    def _note(self, cluster: str, shard: int, stored: Stored[Lease] | None) -> None:
-        key = (cluster, shard)
-        if stored is None:
-            return
+    def _note(self, cluster: str, shard: int, stored: Stored[Lease]) -> None:
+        """Remember a lease read or written, if it is one nobody may take yet."""
         if stored.version.startswith(VANISHED):
             return
         if stored.record is not None and stored.record.owner is None:
-            self._last_held.pop(key, None)
+            self._last_held.pop((cluster, shard), None)  # free: claimable if it vanishes
         else:
-            self._last_held[key] = stored
+            self._last_held[(cluster, shard)] = stored
 
     def _vanished(self, cluster: str, shard: int) -> Stored[Lease] | None:
         """The entry standing for a lease that vanished after being seen held."""
         last = self._last_held.get((cluster, shard))
         if last is None or last.version.startswith(VANISHED):
             return last
-        held_by = f" held by {last.record.owner!r}" if last.record is not None else ""
-        entry: Stored[Lease] = Stored(VANISHED + last.version, None,
-                       f"lease {cluster}/{shard} was deleted out of band (last seen{held_by} at "
-                       f"generation {last.generation}); treated as held until it expires",
-                       last.generation)
+        seen = [f"held by {last.record.owner!r}" if last.record is not None else "corrupt"]
+        if last.generation is not None:
+            seen.append(f"at generation {last.generation}")
+        entry: Stored[Lease] = Stored(
+            VANISHED + last.version, None,
+            f"lease {cluster}/{shard} was deleted out of band (last seen {' '.join(seen)}); "
+            "treated as held until it expires", last.generation)
         self._last_held[(cluster, shard)] = entry
         return entry
 

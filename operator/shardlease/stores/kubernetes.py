@@ -37,10 +37,12 @@ Lease at all get the new name. What is not safe: a shard that gets its first
 Lease while old and new nodes run side by side (a cluster started, or its
 shard count raised, during the rollout) can get one object under each name,
 so finish a rollout before changing the shard count; the store reports a
-shard with both. Old heartbeat objects are left behind (a dead node's, never
-counted live again); delete them with
-`kubectl delete leases -l shardlease.io/kind=heartbeat` after the rollout if
-they bother you, or leave them.
+shard with both. Old heartbeat objects are left behind: a node's current
+heartbeat wins over its old one in the listing, and an old one that no longer
+changes counts as a dead node's. Once no old version runs they can be deleted
+by name (old names start `shardlease-` but not `shardlease-h.`); do not delete
+the heartbeats by label: deleting a live node's heartbeat reads as that node
+stopping, and moves shards.
 
 Responses are read as raw JSON rather than the client's typed models: the
 typed deserializer is slow for a thousand Leases a round, and a Lease written
