@@ -130,6 +130,15 @@ def test_owners_of_an_empty_cluster_is_an_empty_list(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["shards"] == []
 
 
+def test_owners_of_a_file_store_that_does_not_exist_says_so_and_fails(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    result = shardlease("owners", "--store", f"file://{missing}", "--cluster", "c")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert f"{missing} does not exist" in result.stderr
+    assert not missing.exists(), "a read-only command must not create the store"
+
+
 def test_the_owners_table_aligns_columns_and_sums_up_per_owner() -> None:
     rows = [OwnerRow(0, "node-a", 1), OwnerRow(1, None, 0), OwnerRow(10, "node-bb", 12)]
     lines = owners_table(rows).splitlines()

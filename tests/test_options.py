@@ -6,6 +6,7 @@ import pytest
 
 from shardlease.errors import ConfigError
 from shardlease.options import Options
+from shardlease.records import MAX_LEASE_TTL
 
 
 def test_defaults_follow_the_seed() -> None:
@@ -56,3 +57,11 @@ def test_unknown_options_are_refused() -> None:
     with pytest.raises(ConfigError) as e:
         Options.make(shards=1, name="n", lease_tll=3)
     assert "lease_tll" in str(e.value)
+
+
+def test_a_lease_ttl_above_what_readers_accept_is_refused() -> None:
+    # Readers treat a record claiming a longer TTL as corrupt (a huge one
+    # would pin a shard forever), so no node may write one.
+    Options.make(shards=1, name="n", lease_ttl=MAX_LEASE_TTL)
+    with pytest.raises(ConfigError, match="lease_ttl"):
+        Options.make(shards=1, name="n", lease_ttl=MAX_LEASE_TTL + 1)

@@ -268,6 +268,8 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None) -> tu
         list[OwnerRow], list[str]]:
     """One listing of the leases: a row per shard (0..N-1, N from `shards` or
     the highest shard seen + 1) and a line per corrupt record."""
+    # An empty listing of a store that is not there would read as "no owners".
+    await store.check_readable()
     leases = await store.list_leases(cluster)
     count = shards if shards is not None else (max(leases) + 1 if leases else 0)
     rows, problems = [], []
@@ -277,7 +279,7 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None) -> tu
             rows.append(OwnerRow(shard, None, 0))
         elif stored.record is None:
             problems.append(f"shard {shard}: corrupt lease record: {stored.error}")
-            rows.append(OwnerRow(shard, None, 0))
+            rows.append(OwnerRow(shard, None, stored.generation or 0))
         else:
             rows.append(OwnerRow(shard, stored.record.owner, stored.record.generation))
     return rows, problems

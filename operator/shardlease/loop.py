@@ -437,9 +437,9 @@ class PlacementLoop:
         await asyncio.gather(*(one(s) for s in candidates[:want]))
 
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None) -> None:
-        previous = stored.record.generation if stored and stored.record else None
-        if previous is None and stored is not None:
-            # A corrupt record hides the generation: go above every one seen.
+        # A corrupt record still carries the generation its raw bytes show.
+        previous = stored.generation if stored is not None else None
+        if stored is not None and stored.record is None:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
         generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,

@@ -9,6 +9,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardlease.errors import ConfigError
+from shardlease.records import MAX_LEASE_TTL
 
 
 class Options(BaseModel):
@@ -21,7 +22,9 @@ class Options(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     shards: int = Field(ge=1, description="Number of shards of the cluster.")
-    lease_ttl: float = Field(default=15.0, gt=0, description="Lease lifetime, seconds.")
+    lease_ttl: float = Field(default=15.0, gt=0, le=MAX_LEASE_TTL,
+                             description="Lease lifetime, seconds (at most an hour: "
+                             "readers refuse records that claim longer).")
     interval: float | None = Field(
         default=None, gt=0, description="Seconds between rounds; default lease_ttl/3."
     )

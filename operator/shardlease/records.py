@@ -8,6 +8,8 @@ shard as held until it expires, and never routes to anything read from it.
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -18,6 +20,16 @@ from shardlease.errors import CorruptRecord
 
 #: Largest lease or heartbeat record accepted from a store, in bytes.
 MAX_RECORD_BYTES = 4096
+
+#: Longest lease lifetime a record may carry, in seconds. The loop waits
+#: max(its own TTL, the record's) before taking an unchanged record over, so
+#: an unbounded `ttl` written by hand or by a broken writer would pin a shard
+#: forever; a record above this is corrupt (reported, held for the reader's own
+#: TTL). `Options.lease_ttl` has the same bound, so no node writes one.
+MAX_LEASE_TTL = 3600.0
+#: Largest generation recovered from a corrupt record: the range of a signed
+#: 64-bit integer, where applications keep the fencing token.
+_MAX_GENERATION = 2**63 - 1
 
 NodeName = str
 
@@ -45,7 +57,7 @@ class Lease(BaseModel):
     #: Wall-clock seconds of the write; informational only (clock skew), never
     #: used to judge expiry.
     renewed_at: float = 0.0
-    ttl: float = Field(gt=0)
+    ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
 
 
 class Heartbeat(BaseModel):
@@ -68,12 +80,25 @@ R = TypeVar("R", bound=BaseModel)
 class Stored(Generic[R]):
     """A record as read from a store, with the version a compare-and-swap needs.
 
-    `record` is None when the bytes were not a valid record; `error` says why.
+    `record` is None when the bytes were not a valid record; `error` says why,
+    and `recovered_generation` is the generation that could still be read from
+    the raw record (None if nothing could), so that a claim over a corrupt
+    record never hands out a generation the record already passed.
     """
 
     version: str
     record: R | None
     error: str | None = None
+    recovered_generation: int | None = None
+
+    @property
+    def generation(self) -> int | None:
+        """The generation a claim over this record must go above: the valid
+        record's own, or the one recovered from a corrupt one (None: none known)."""
+        if self.record is not None:
+            generation = getattr(self.record, "generation", None)
+            return generation if isinstance(generation, int) else None
+        return self.recovered_generation
 
 
 def encode(record: BaseModel) -> bytes:
@@ -100,18 +125,54 @@ def decode_heartbeat(data: bytes, cluster: str, node: str) -> Heartbeat:
     return hb
 
 
-def stored_lease(data: bytes, version: str, cluster: str, shard: int) -> Stored[Lease]:
-    """Decode without raising: a corrupt record becomes an entry with an error."""
+def stored_lease(data: bytes, version: str, cluster: str, shard: int,
+                 size: int | None = None) -> Stored[Lease]:
+    """Decode without raising: a corrupt record becomes an entry with an error
+    and whatever generation its bytes still show.
+
+    `size` is the record's full size when `data` is only its first bytes (a
+    bounded read of a record that may be larger than `MAX_RECORD_BYTES`)."""
+    if size is not None and size > MAX_RECORD_BYTES:
+        return Stored(version, None, too_big("lease", size), recover_generation(data))
     try:
         return Stored(version, decode_lease(data, cluster, shard))
     except CorruptRecord as e:
-        return Stored(version, None, str(e))
+        return Stored(version, None, str(e), recover_generation(data))
+
+
+def too_big(kind: str, size: int) -> str:
+    return f"{kind} record is {size} bytes, more than the {MAX_RECORD_BYTES} allowed"
+
+
+_GENERATION = re.compile(rb'"generation"\s*:\s*(\d{1,19})(?![\d.eE])')
+
+
+def recover_generation(data: bytes) -> int | None:
+    """The generation a corrupt lease record still shows, or None.
+
+    The JSON's `generation` when the bytes are a JSON object; otherwise (cut
+    short by a bounded read, or broken elsewhere) the highest `"generation":
+    <digits>` found in them. A value read this way only ever raises the next
+    claim's generation, never lowers it, so taking the highest is the safe
+    reading of an ambiguous record.
+    """
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict):
+        value = parsed.get("generation")
+        if isinstance(value, int) and not isinstance(value, bool) \
+                and 0 <= value <= _MAX_GENERATION:
+            return value
+    found = [int(m) for m in _GENERATION.findall(data[: MAX_RECORD_BYTES + 1])]
+    found = [g for g in found if g <= _MAX_GENERATION]
+    return max(found) if found else None
 
 
 def _decode(model: type[R], data: bytes) -> R:
     if len(data) > MAX_RECORD_BYTES:
-        raise CorruptRecord(f"{model.__name__.lower()} record is {len(data)} bytes, "
-                            f"more than the {MAX_RECORD_BYTES} allowed")
+        raise CorruptRecord(too_big(model.__name__.lower(), len(data)))
     try:
         return model.model_validate_json(data)
     except ValidationError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,7 +11,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from shardlease.errors import ConfigError, Conflict, StoreError
+from shardlease.loop import PlacementLoop
+from shardlease.options import Options
 from shardlease.records import Lease
+from shardlease.sim.fakes import StrictHost
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.kubernetes import (
@@ -20,11 +24,28 @@ from shardlease.stores.kubernetes import (
     LABEL_CLUSTER,
     LABEL_KIND,
     LABEL_SHARD,
+    LEASES,
     KubernetesStore,
+    call,
     lease_name,
+    lease_to_object,
+    legacy_lease_name,
+    node_object_name,
 )
+from shardlease.telemetry import Claim, Telemetry
 
-from ..stores.contract import CLUSTER, OTHER_CLUSTER, MakeStore, PutRaw, StoreContract, make_lease
+from ..stores.contract import (
+    CLUSTER,
+    OTHER_CLUSTER,
+    DeleteRaw,
+    MakeStore,
+    PutRaw,
+    StoreContract,
+    make_heartbeat,
+    make_lease,
+    rewrite,
+    valid,
+)
 
 
 def raw_lease_object(namespace: str, cluster: str, shard: int, data: bytes) -> dict[str, Any]:
@@ -85,6 +106,14 @@ class TestKubernetesStore(StoreContract):
                     raise
                 await coord.create_namespaced_lease(namespace, body)
         return put
+
+    @pytest.fixture
+    def delete_raw(self, namespace: str, api_client: Any) -> DeleteRaw:
+        coord = client.CoordinationV1Api(api_client)
+
+        async def delete(cluster: str, shard: int) -> None:
+            await coord.delete_namespaced_lease(lease_name(cluster, shard), namespace)
+        return delete
 
     @pytest.fixture
     async def make_second_store(self, namespace: str) -> AsyncIterator[MakeStore]:
@@ -164,3 +193,176 @@ def test_a_malformed_kubernetes_url_is_refused() -> None:
                 "kubernetes://ns?colour=blue"):
         with pytest.raises(ConfigError):
             KubernetesStore.from_url(url)
+
+
+# -- names -----------------------------------------------------------------------------------------
+
+#: (cluster, kind, name) triples whose old names collided or could have.
+TRICKY = [
+    ("c", "node", "c-0"), ("c-node-c", "shard", "0"),
+    ("a", "node", "b-node-c"), ("a-node-b", "node", "c"),
+    ("a", "shard", "12"), ("a-1", "shard", "2"), ("a-12", "shard", "0"),
+    ("c", "node", "Pod-0"), ("c", "node", "pod-0"), ("c", "node", "pod_0"),
+    ("c", "node", "p.q"), ("c.p", "node", "q"), ("c", "shard", "1"), ("c", "node", "1"),
+    ("x" * 63, "node", "y" * 63 + "." + "z" * 63 + "." + "w" * 63),
+    ("x" * 63, "node", "y" * 63 + "." + "z" * 63 + "." + "v" * 63),
+    ("UPPER", "shard", "0"), ("upper", "shard", "0"),
+]
+
+
+def names_of(triples: list[tuple[str, str, str]]) -> list[str]:
+    return [node_object_name(c, n) if kind == "node" else lease_name(c, int(n))
+            for c, kind, n in triples]
+
+
+async def test_lease_names_are_injective_and_valid_object_names(
+        namespace: str, api_client: Any) -> None:
+    names = names_of(TRICKY)
+    assert len(set(names)) == len(TRICKY), sorted(names)
+    for name in names:
+        assert len(name) <= 253
+        assert all(0 < len(label) <= 63 for label in name.split(".")), name
+    assert lease_name("c-node-c", 0) != node_object_name("c", "c-0")
+    assert legacy_lease_name("c-node-c", 0) == "shardlease-c-node-c-0", "the old name"
+    assert not set(names) & {legacy_lease_name(c, int(n)) for c, k, n in TRICKY
+                             if k == "shard"}, "a new name met an old one"
+    for name in names:  # the API server takes every one of them
+        status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name}, "spec": {}})
+        assert status == 201, payload
+
+
+async def test_a_heartbeat_and_a_shard_lease_whose_old_names_collided_both_exist(
+        namespace: str, kubeconfig: str, api_client: Any) -> None:
+    # Before: cluster `c` node `c-0`'s heartbeat and cluster `c-node-c` shard 0
+    # were both `shardlease-c-node-c-0`, so the shard's create conflicted forever.
+    store = open_store(f"kubernetes://{namespace}")
+    try:
+        await store.put_heartbeat(make_heartbeat("c-0", cluster="c"))
+        version = await store.create_lease(make_lease(shard=0, cluster="c-node-c"))
+        got = await store.get_lease("c-node-c", 0)
+        assert got is not None and got.version == version and got.record is not None
+        assert sorted(await store.list_heartbeats("c")) == ["c-0"]
+    finally:
+        await store.aclose()
+
+
+# -- records edited or deleted by hand -------------------------------------------------------------
+
+
+async def test_a_fresh_node_claims_above_a_hand_edited_lease_at_generation_57(
+        namespace: str, kubeconfig: str, api_client: Any) -> None:
+    # `kubectl edit` dropped the write id of a Lease at generation 57: before,
+    # a fresh node took it over at generation 1.
+    body = lease_to_object(make_lease(shard=0, owner="gone", generation=57, cluster="hand"),
+                           namespace, None, 1000.0)
+    del body["metadata"]["annotations"][ANN_WRITE_ID]
+    status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), body)
+    assert status == 201, payload
+    store = open_store(f"kubernetes://{namespace}")
+    telemetry = Telemetry()
+    claims: list[Claim] = []
+    claimed = asyncio.Event()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Claim):
+            claims.append(event)
+            claimed.set()
+
+    telemetry.subscribe(on_event)
+    loop = PlacementLoop(store, StrictHost(), Options(shards=1, name="fresh", cluster_name="hand",
+                                                      lease_ttl=3.0), telemetry=telemetry)
+    task = asyncio.create_task(loop.run())
+    try:
+        await asyncio.wait_for(claimed.wait(), 60)
+    finally:
+        await loop.stop()
+        await task
+        await store.aclose()
+    assert [c.generation for c in claims] == [58]
+
+
+async def strip_labels(api_client: Any, namespace: str, name: str) -> None:
+    """What `kubectl label lease NAME shardlease.io/cluster- ...` does."""
+    status, payload = await call(api_client, "PATCH", f"{LEASES.format(ns=namespace)}/{name}",
+                                 {"metadata": {"labels": None}},
+                                 "application/merge-patch+json")
+    assert status == 200, payload
+
+
+async def test_a_lease_stripped_of_its_labels_is_found_reported_and_claimed_through(
+        namespace: str, kubeconfig: str, api_client: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    ghost = open_store(f"kubernetes://{namespace}")
+    node = open_store(f"kubernetes://{namespace}")
+    fresh = open_store(f"kubernetes://{namespace}")
+    try:
+        await ghost.create_lease(make_lease(shard=2, owner="ghost", generation=4))
+        await strip_labels(api_client, namespace, lease_name(CLUSTER, 2))
+
+        assert 2 not in await node.list_leases(CLUSTER), "the LIST misses it"
+        with caplog.at_level("WARNING", logger="shardlease.store.kubernetes"):
+            with pytest.raises(Conflict):
+                await node.write_lease(make_lease(shard=2, owner="node", generation=1), None)
+        assert any("lost its labels" in r.getMessage() for r in caplog.records), caplog.text
+
+        entry = (await node.list_leases(CLUSTER))[2]
+        assert entry.record is None and entry.error and "label" in entry.error
+        assert entry.generation == 4
+        claim = make_lease(shard=2, owner="node", generation=5)
+        await node.write_lease(claim, entry.version)
+        assert valid((await fresh.list_leases(CLUSTER))[2]) == claim, "labelled again"
+    finally:
+        for s in (ghost, node, fresh):
+            await s.aclose()
+
+
+async def test_a_lease_under_its_old_name_stays_the_shards_lease(
+        namespace: str, kubeconfig: str, api_client: Any) -> None:
+    # As an earlier version wrote it: `shardlease-<cluster>-<shard>`, labelled.
+    old = make_lease(shard=3, owner="old-node", generation=41)
+    body = lease_to_object(old, namespace, None, old.renewed_at,
+                           name=legacy_lease_name(CLUSTER, 3))
+    status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), body)
+    assert status == 201, payload
+    coord = client.CoordinationV1Api(api_client)
+    store = open_store(f"kubernetes://{namespace}")
+    try:
+        listed = await store.list_leases(CLUSTER)
+        assert valid(listed[3]) == old
+        got = await store.get_lease(CLUSTER, 3)
+        assert got is not None and got.version == listed[3].version and valid(got) == old
+        claim = rewrite(old, owner="new-node", generation=42)
+        version = await store.write_lease(claim, listed[3].version)
+        # Written through the old object, which old nodes still read.
+        written = await coord.read_namespaced_lease(legacy_lease_name(CLUSTER, 3), namespace)
+        assert (written.spec.holder_identity, written.spec.lease_transitions) == ("new-node", 42)
+        assert await store.get_lease(CLUSTER, 3) == listed[3].__class__(version, claim)
+        with pytest.raises(client.ApiException):
+            await coord.read_namespaced_lease(lease_name(CLUSTER, 3), namespace)
+        renewed = rewrite(claim)
+        await store.write_lease(renewed, version)
+        assert valid((await store.list_leases(CLUSTER))[3]) == renewed
+    finally:
+        await store.aclose()
+
+
+async def test_a_heartbeat_under_its_old_name_does_not_hide_the_current_one(
+        namespace: str, kubeconfig: str, api_client: Any) -> None:
+    coord = client.CoordinationV1Api(api_client)
+    await coord.create_namespaced_lease(namespace, {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "shardlease-contract-node-zz-0",
+                     "labels": {LABEL_CLUSTER: CLUSTER, LABEL_KIND: "heartbeat"},
+                     "annotations": {"shardlease.io/node": "zz-0"}},
+        "spec": {"holderIdentity": "zz-0"}})
+    store = open_store(f"kubernetes://{namespace}")
+    try:
+        versions = set()
+        for seq in range(3):
+            await store.put_heartbeat(make_heartbeat("zz-0", seq=seq))
+            versions.add((await store.list_heartbeats(CLUSTER))["zz-0"])
+        assert len(versions) == 3, "the old object's unchanging version was listed"
+    finally:
+        await store.aclose()

@@ -16,6 +16,11 @@ fixtures work as is, pytest-asyncio runs in auto mode):
     corrupt record tests). It must create the record if missing and replace it
     otherwise.
 
+`delete_raw` (required)
+    A callable `async (cluster: str, shard: int) -> None` that deletes the
+    stored lease record of `shard` in `cluster` behind the store's back, as
+    an operator with `kubectl delete` or `aws s3 rm` would.
+
 `make_second_store` (optional)
     A callable `async () -> LeaseStore` that opens another client on the same
     backing storage as `store`, as another process would (a new connection /
@@ -32,6 +37,7 @@ the clusters named in `CLUSTER` and `OTHER_CLUSTER`.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -39,6 +45,7 @@ import pytest
 
 from shardlease.errors import Conflict, StoreError
 from shardlease.records import (
+    MAX_LEASE_TTL,
     MAX_RECORD_BYTES,
     Heartbeat,
     Lease,
@@ -46,13 +53,14 @@ from shardlease.records import (
     encode,
     new_write_id,
 )
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import VANISHED, LeaseStore
 
 CLUSTER = "contract"
 OTHER_CLUSTER = "contract-other"
 CLAIMERS = 20
 
 PutRaw = Callable[[str, int, bytes], Awaitable[None]]
+DeleteRaw = Callable[[str, int], Awaitable[None]]
 MakeStore = Callable[[], Awaitable[LeaseStore]]
 
 
@@ -148,6 +156,10 @@ class StoreContract:
     @pytest.fixture
     def put_raw(self, store: LeaseStore) -> PutRaw:
         raise NotImplementedError("the store's test class must define the `put_raw` fixture")
+
+    @pytest.fixture
+    def delete_raw(self, store: LeaseStore) -> DeleteRaw:
+        raise NotImplementedError("the store's test class must define the `delete_raw` fixture")
 
     @pytest.fixture
     def make_second_store(self, store: LeaseStore) -> MakeStore:
@@ -433,6 +445,81 @@ class StoreContract:
         await put_raw(CLUSTER, 0, encode(make_lease(shard=0, cluster=OTHER_CLUSTER)))
         entry = (await store.list_leases(CLUSTER))[0]
         assert entry.record is None and entry.error and "cluster" in entry.error
+
+    async def test_a_corrupt_lease_still_shows_the_generation_its_raw_record_carries(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        # A hand edit that dropped the write id of a lease at generation 57:
+        # a claim over it must go above 57, so the entry says 57.
+        record = json.loads(encode(make_lease(shard=1, owner="node-a", generation=57)))
+        del record["write_id"]
+        await put_raw(CLUSTER, 1, json.dumps(record).encode())
+        await put_raw(CLUSTER, 2, b"garbage without any generation")
+        listed = await store.list_leases(CLUSTER)
+        got = await store.get_lease(CLUSTER, 1)
+        for entry in (listed[1], got):
+            assert entry is not None and entry.record is None and entry.error
+            assert entry.generation == 57
+        assert listed[2].record is None and listed[2].generation is None
+
+    async def test_a_lease_claiming_a_ttl_above_the_limit_is_corrupt(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        record = json.loads(encode(make_lease(shard=0, generation=6)))
+        record["ttl"] = MAX_LEASE_TTL * 1000
+        await put_raw(CLUSTER, 0, json.dumps(record).encode())
+        entry = (await store.list_leases(CLUSTER))[0]
+        assert entry.record is None and entry.error and "ttl" in entry.error
+        assert entry.generation == 6
+
+    # -- leases deleted out of band ---------------------------------------------------------
+
+    async def test_a_lease_deleted_after_it_was_seen_held_is_reported_not_missing(
+            self, store: LeaseStore, second_store: LeaseStore, delete_raw: DeleteRaw) -> None:
+        held = make_lease(shard=3, owner="node-a", generation=9)
+        await second_store.create_lease(held)
+        free = make_lease(shard=4, owner=None, generation=2)
+        await second_store.create_lease(free)
+        assert sorted(await store.list_leases(CLUSTER)) == [3, 4]
+        await delete_raw(CLUSTER, 3)
+        await delete_raw(CLUSTER, 4)
+
+        listed = await store.list_leases(CLUSTER)
+        assert sorted(listed) == [3], "a free lease that vanished is simply gone"
+        entry = listed[3]
+        assert entry.record is None and entry.error and "deleted" in entry.error
+        assert entry.generation == 9
+        assert entry.version.startswith(VANISHED)
+        again = await store.get_lease(CLUSTER, 3)
+        assert again == entry, "the entry keeps its version while the lease stays away"
+        assert (await store.list_leases(CLUSTER))[3] == entry
+        # Another client never saw it: to it the lease is simply missing.
+        fresh_eyes = second_store if second_store is not store else None
+        if fresh_eyes is not None:
+            assert 3 not in await fresh_eyes.list_leases(CLUSTER)
+
+    async def test_a_claim_on_a_vanished_lease_creates_it_and_it_reads_as_usual(
+            self, store: LeaseStore, second_store: LeaseStore, delete_raw: DeleteRaw) -> None:
+        await second_store.create_lease(make_lease(shard=5, owner="node-a", generation=4))
+        await store.get_lease(CLUSTER, 5)
+        await delete_raw(CLUSTER, 5)
+        entry = await store.get_lease(CLUSTER, 5)
+        assert entry is not None and entry.generation == 4
+        claim = make_lease(shard=5, owner="node-b", generation=5)
+        version = await store.write_lease(claim, entry.version)
+        got = await store.get_lease(CLUSTER, 5)
+        assert got is not None and got.version == version and valid(got) == claim
+        assert valid((await store.list_leases(CLUSTER))[5]) == claim
+
+    async def test_a_vanished_lease_created_again_elsewhere_conflicts_and_reads_as_it_is(
+            self, store: LeaseStore, second_store: LeaseStore, delete_raw: DeleteRaw) -> None:
+        await store.write_lease(make_lease(shard=6, owner="node-a", generation=4), None)
+        await delete_raw(CLUSTER, 6)
+        entry = (await store.list_leases(CLUSTER))[6]
+        theirs = make_lease(shard=6, owner="node-c", generation=5)
+        await second_store.create_lease(theirs)
+        with pytest.raises(Conflict):
+            await store.write_lease(make_lease(shard=6, owner="node-b", generation=5),
+                                    entry.version)
+        assert valid((await store.list_leases(CLUSTER))[6]) == theirs
 
     # -- heartbeats -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import random
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from shardlease.stores.file import FileStore
 
 from .contract import (
     CLUSTER,
+    DeleteRaw,
     MakeStore,
     PutRaw,
     StoreContract,
@@ -55,6 +57,14 @@ class TestFileStore(StoreContract):
         async def put(cluster: str, shard: int, data: bytes) -> None:
             plant(store, cluster, shard, data)
         return put
+
+    @pytest.fixture
+    def delete_raw(self, store: LeaseStore) -> DeleteRaw:
+        assert isinstance(store, FileStore)
+
+        async def delete(cluster: str, shard: int) -> None:
+            shutil.rmtree(store.lease_dir(cluster, shard))
+        return delete
 
     @pytest.fixture
     def make_second_store(self, store: LeaseStore) -> MakeStore:
@@ -226,6 +236,30 @@ async def test_a_root_that_cannot_be_created_is_a_store_error_naming_the_path(
         await store.put_heartbeat(make_heartbeat())
     with pytest.raises(StoreError, match=str(root)):
         await store.check()
+
+
+async def test_a_record_of_ten_megabytes_is_reported_with_its_size_over_the_limit(
+        tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    big = (encode(make_lease(shard=0, generation=12))[:-1]
+           + b', "pad": "' + b"x" * 10_000_000 + b'"}')
+    plant(store, CLUSTER, 0, big)
+    for entry in ((await store.list_leases(CLUSTER))[0], await store.get_lease(CLUSTER, 0)):
+        assert entry is not None and entry.record is None and entry.error
+        assert f"{len(big)} bytes" in entry.error and "more than the 4096 allowed" in entry.error
+        assert entry.generation == 12, "the generation is read from the first bytes"
+
+
+async def test_check_readable_says_a_missing_root_does_not_exist_and_creates_nothing(
+        tmp_path: Path) -> None:
+    root = tmp_path / "nonexistent"
+    with pytest.raises(StoreError, match=f"{root} does not exist"):
+        await FileStore(root).check_readable()
+    assert not root.exists()
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(StoreError, match="not a directory"):
+        await FileStore(tmp_path / "plain").check_readable()
+    await FileStore(tmp_path).check_readable()
 
 
 async def test_check_creates_the_root_and_leaves_nothing_behind(tmp_path: Path) -> None:

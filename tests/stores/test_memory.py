@@ -10,7 +10,7 @@ from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.memory import MemoryBackend, MemoryStore
 
-from .contract import MakeStore, PutRaw, StoreContract
+from .contract import DeleteRaw, MakeStore, PutRaw, StoreContract
 
 
 class TestMemoryStore(StoreContract):
@@ -27,6 +27,14 @@ class TestMemoryStore(StoreContract):
         async def put(cluster: str, shard: int, data: bytes) -> None:
             store.put_raw_lease(cluster, shard, data)
         return put
+
+    @pytest.fixture
+    def delete_raw(self, store: LeaseStore) -> DeleteRaw:
+        assert isinstance(store, MemoryStore)
+
+        async def delete(cluster: str, shard: int) -> None:
+            store.backend.leases.pop((cluster, shard), None)
+        return delete
 
     @pytest.fixture
     def make_second_store(self, store: LeaseStore) -> MakeStore:

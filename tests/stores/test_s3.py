@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import logging
 import socket
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
@@ -23,7 +25,16 @@ from shardlease.stores.base import LeaseStore
 from shardlease.stores.s3 import S3Store
 from tests.support.s3server import S3Server
 
-from .contract import CLUSTER, MakeStore, PutRaw, StoreContract, make_heartbeat, make_lease, rewrite
+from .contract import (
+    CLUSTER,
+    DeleteRaw,
+    MakeStore,
+    PutRaw,
+    StoreContract,
+    make_heartbeat,
+    make_lease,
+    rewrite,
+)
 
 # The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket).
 pytest_plugins = ["tests.support.s3server"]
@@ -61,6 +72,15 @@ class TestS3StoreOnMoto(StoreContract):
             await asyncio.to_thread(client.put_object, Bucket=s3_bucket,
                                     Key=lease_key(cluster, shard), Body=data)
         return put
+
+    @pytest.fixture
+    def delete_raw(self, s3_server: S3Server, s3_bucket: str) -> DeleteRaw:
+        client = s3_server.client()
+
+        async def delete(cluster: str, shard: int) -> None:
+            await asyncio.to_thread(client.delete_object, Bucket=s3_bucket,
+                                    Key=lease_key(cluster, shard))
+        return delete
 
     @pytest.fixture
     async def make_second_store(self, s3_server: S3Server,
@@ -277,16 +297,22 @@ async def test_gets_run_concurrently_but_no_more_than_the_bound(
 # -- untrusted records -----------------------------------------------------------------------------
 
 
-async def test_oversize_and_empty_records_are_judged_from_the_listing_without_a_get(
+async def test_an_empty_record_is_judged_from_the_listing_and_an_oversize_one_read_bounded(
         store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     client = s3_server.client()
-    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=b"x" * 1_000_000)
+    big = (encode(make_lease(shard=1, generation=31))[:-1]
+           + b', "pad": "' + b"x" * 1_000_000 + b'"}')
+    client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=big)
     client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2), Body=b"")
     listed = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1}
-    assert listed[1].record is None and "1000000 bytes" in (listed[1].error or "")
+    # The oversize one is fetched once, its first bytes only, for its generation.
+    assert dict(store.requests) == {"list": 1, "get": 1}
+    assert listed[1].record is None and f"{len(big)} bytes" in (listed[1].error or "")
+    assert listed[1].generation == 31
     assert listed[2].record is None and listed[2].error
     assert listed[1].version and listed[2].version
+    await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 2, "get": 1}, "not read again while unchanged"
 
 
 async def test_a_get_reads_a_bounded_range_and_refuses_an_oversize_record(
@@ -332,6 +358,29 @@ async def test_a_lease_deleted_behind_the_stores_back_disappears_from_the_listin
     s3_server.client().delete_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1))
     assert sorted(await store.list_leases(CLUSTER)) == [2]
     assert await store.get_lease(CLUSTER, 1) is None
+
+
+async def test_one_lease_object_that_cannot_be_read_is_corrupt_not_a_failed_listing(
+        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    # moto answers a GET of an archived object 403 InvalidObjectState, as S3
+    # does; a bucket policy denying one key gives the same 403 on GET.
+    good = make_lease(shard=0)
+    await store.create_lease(good)
+    record = encode(make_lease(shard=1, owner="node-b", generation=8))
+    s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 1), Body=record,
+                                  StorageClass="GLACIER")
+    listed = await store.list_leases(CLUSTER)
+    assert sorted(listed) == [0, 1]
+    assert listed[0].record == good
+    unreadable = listed[1]
+    assert unreadable.record is None and unreadable.error
+    assert "403" in unreadable.error and "InvalidObjectState" in unreadable.error
+    assert unreadable.version == hashlib.md5(record).hexdigest()
+    # It is taken over like any corrupt record: a swap on its version.
+    claim = make_lease(shard=1, owner="node-a", generation=9)
+    version = await other.write_lease(claim, unreadable.version)
+    again = await store.list_leases(CLUSTER)
+    assert again[1].version == version and again[1].record == claim
 
 
 # -- 412 and 409 -----------------------------------------------------------------------------------
@@ -455,7 +504,115 @@ async def test_check_passes_on_moto_and_leaves_nothing_behind(
         store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     await store.check()
     assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
-    assert dict(store.requests) == {"list": 1, "put": 5, "delete": 2}
+    assert dict(store.requests) == {"list": 2, "get": 1, "put": 5, "delete": 2}
+
+
+class LossyProxy(BaseHTTPRequestHandler):
+    """An HTTP proxy to a real S3 server that forwards every request but drops
+    the answer of the requests `lose` picks (the connection closes unanswered),
+    as a network that fails after the server acted does."""
+
+    upstream: ClassVar[tuple[str, int]]
+    lose: ClassVar[Any]
+    lost: ClassVar[list[str]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def forward(self) -> None:
+        data = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        connection = http.client.HTTPConnection(*self.upstream, timeout=30)
+        try:
+            connection.request(self.command, self.path, body=data or None,
+                               headers={k: v for k, v in self.headers.items()})
+            answer = connection.getresponse()
+            payload = answer.read()
+        finally:
+            connection.close()
+        if self.lose(self.command, self.path):
+            self.lost.append(f"{self.command} {self.path}")
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("content-length", "transfer-encoding", "connection",
+                                    "server", "date"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = do_POST = forward
+
+
+@pytest.fixture
+def lossy(s3_server: S3Server) -> Iterator[type[LossyProxy]]:
+    parts = urlsplit(s3_server.endpoint)
+    handler = type("Lossy", (LossyProxy,), {
+        "upstream": (parts.hostname, parts.port), "lose": staticmethod(lambda m, p: False),
+        "lost": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    handler.endpoint = f"http://127.0.0.1:{server.server_port}"  # type: ignore[attr-defined]
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+def first_only(method: str, marker: str) -> Any:
+    """Lose the answer of the first `method` request whose path contains `marker`."""
+    done: list[bool] = []
+
+    def lose(m: str, path: str) -> bool:
+        if done or m != method or marker not in path:
+            return False
+        done.append(True)
+        return True
+    return lose
+
+
+@pytest.mark.parametrize("lost_write", ["If-None-Match", "If-Match"])
+async def test_check_survives_a_probe_write_whose_answer_was_lost_and_cleans_up(
+        s3_server: S3Server, s3_bucket: str, lossy: type[LossyProxy], lost_write: str) -> None:
+    puts: list[str] = []
+
+    def lose(method: str, path: str) -> bool:
+        if method != "PUT" or ".shardlease-probe" not in path or "never-created" in path:
+            return False
+        puts.append(path)
+        # The create is the first probe PUT; the update with the right ETag the fourth.
+        return len(puts) == (1 if lost_write == "If-None-Match" else 4)
+
+    lossy.lose = staticmethod(lose)
+    store = S3Store(s3_bucket, PREFIX, endpoint_url=lossy.endpoint,  # type: ignore[attr-defined]
+                    path_style=True)
+    try:
+        await store.check()
+    finally:
+        await store.aclose()
+    assert len(lossy.lost) == 1, lossy.lost
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+
+
+async def test_check_removes_the_probe_object_whatever_the_outcome(
+        s3_server: S3Server, s3_bucket: str, lossy: type[LossyProxy]) -> None:
+    # Every answer to a read of the probe object is lost: the check fails
+    # after the probe object was written, and must remove it all the same.
+    lossy.lose = staticmethod(lambda method, path: method == "GET" and "probe/" in path)
+    store = S3Store(s3_bucket, PREFIX, endpoint_url=lossy.endpoint,  # type: ignore[attr-defined]
+                    path_style=True)
+    try:
+        with pytest.raises(StoreError):
+            await store.check()
+    finally:
+        await store.aclose()
+    assert lossy.lost, "no read was lost"
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
 
 
 class StubS3(BaseHTTPRequestHandler):
@@ -465,6 +622,7 @@ class StubS3(BaseHTTPRequestHandler):
     honour_if_match: ClassVar[bool] = False
     fail_with: ClassVar[int] = 0
     reject_conditions: ClassVar[bool] = False
+    deny_reads: ClassVar[bool] = False
     objects: ClassVar[dict[str, bytes]]
     seen: ClassVar[list[str]]
 
@@ -487,8 +645,23 @@ class StubS3(BaseHTTPRequestHandler):
         self.seen.append("GET")
         if self.fail_with:
             return self.error(self.fail_with, "InternalError")
+        path, _, query = self.path.partition("?")
+        if "list-type" not in query and self.deny_reads:
+            return self.error(403, "AccessDenied")
+        if "list-type" not in query:
+            found = self.objects.get(path)
+            if found is None:
+                return self.error(404, "NoSuchKey")
+            return self.reply(206, found, ETag=f'"{hashlib.md5(found).hexdigest()}"',
+                              Content_Range=f"bytes 0-{len(found) - 1}/{len(found)}")
+        prefix = "/" + path.strip("/") + "/" + dict(parse_qsl(query)).get("prefix", "")
+        contents = b"".join(
+            b"<Contents><Key>%s</Key><ETag>&quot;%s&quot;</ETag><Size>%d</Size></Contents>"
+            % (name[len(path.rstrip("/")) + 1:].encode(), hashlib.md5(data).hexdigest().encode(),
+               len(data))
+            for name, data in sorted(self.objects.items()) if name.startswith(prefix))
         self.reply(200, b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>'
-                   b"<Name>b</Name><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated>"
+                   b"<Name>b</Name>" + contents + b"<IsTruncated>false</IsTruncated>"
                    b"</ListBucketResult>", Content_Type="application/xml")
 
     def do_PUT(self) -> None:
@@ -574,6 +747,23 @@ async def test_check_passes_on_a_server_that_honours_both_conditions(
     assert handler.objects == {}
 
 
+async def test_check_refuses_credentials_that_may_write_but_not_read_and_cleans_up(
+        s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
+    endpoint, handler = stub_s3
+    handler.honour_if_none_match = handler.honour_if_match = True
+    handler.deny_reads = True
+    store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.check()
+    finally:
+        await store.aclose()
+    message = str(refused.value)
+    assert "AccessDenied" in message and "get_object" in message, message
+    assert not isinstance(refused.value, StoreUnsafe)
+    assert handler.objects == {}, "the probe object was left behind"
+
+
 async def test_server_errors_are_retried_a_few_times_then_a_store_error(
         s3_server: S3Server, stub_s3: tuple[str, type[StubS3]]) -> None:
     endpoint, handler = stub_s3
@@ -588,6 +778,53 @@ async def test_server_errors_are_retried_a_few_times_then_a_store_error(
     assert "InternalError" in str(failed.value) and "500" in str(failed.value)
     assert handler.seen == ["GET"] * 3
     assert dict(store.requests) == {"list": 3}
+
+
+class NotS3(BaseHTTPRequestHandler):
+    """A web server that answers every request with 200 and a page."""
+
+    page: ClassVar[bytes] = b"<!DOCTYPE html>\n<html><body>It works!</body></html>"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(self.page)))
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = answer
+
+
+@pytest.fixture
+def not_s3() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotS3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+async def test_an_endpoint_that_is_not_s3_is_reported_as_answering_200_not_500(
+        s3_server: S3Server, not_s3: str) -> None:
+    store = S3Store("bucket", "p", endpoint_url=not_s3, path_style=True)
+    try:
+        for call in (lambda: store.list_leases(CLUSTER), store.check):
+            with pytest.raises(StoreError) as failed:
+                await call()
+            message = str(failed.value)
+            assert "does not look like S3" in message and "HTTP 200" in message, message
+            assert "text/html" in message and not_s3 in message, message
+            assert "500" not in message, message
+    finally:
+        await store.aclose()
 
 
 def closed_port() -> int:

@@ -4,6 +4,17 @@ Modelled on client-go's `resourcelock`: a handful of calls on backend-neutral
 records, where every write is a compare-and-swap on the version last read.
 A store never decides anything; it reports what is there and refuses writes
 whose version is stale (`Conflict`). Other failures are `StoreError`.
+
+A lease that vanishes (deleted out of band: the loop never deletes one) after
+this store object saw it held or corrupt is reported as what it last was, a
+lease nobody may take yet, rather than as missing: a corrupt entry whose
+version starts with `VANISHED` and that carries the last generation seen.
+The loop treats it like any corrupt record, held until a whole TTL has passed
+since it first saw it (here: since it vanished), then claims it above that
+generation; `write_lease` turns a claim on such a version into a create.
+Without this, a deleted lease would be claimable at once, at generation 1,
+while its holder may still be acting on it. A store object that never saw the
+lease (a node started after the deletion) cannot know; nothing can.
 """
 
 from __future__ import annotations
@@ -13,6 +24,9 @@ import collections
 
 from shardlease.errors import StoreError
 from shardlease.records import Heartbeat, Lease, Stored
+
+#: The version prefix of a lease reported after it vanished (see the module doc).
+VANISHED = "vanished:"
 
 
 class LeaseStore(abc.ABC):
@@ -28,6 +42,9 @@ class LeaseStore(abc.ABC):
         #: Backend requests made, by kind ("list", "get", "put", ...): for the
         #: metrics and the benchmark's requests per round.
         self.requests: collections.Counter[str] = collections.Counter()
+        #: (cluster, shard) -> the last entry seen of each lease that was held
+        #: or corrupt, to report it if it vanishes (see the module doc).
+        self._last_held: dict[tuple[str, int], Stored[Lease]] = {}
 
     def _count(self, kind: str, n: int = 1) -> None:
         self.requests[kind] += n
@@ -41,6 +58,12 @@ class LeaseStore(abc.ABC):
         writes. Raises `StoreUnsafe` or `StoreError` with a message saying what
         to do. The default does nothing (stores that enforce it by design)."""
 
+    async def check_readable(self) -> None:  # noqa: B027 - optional hook
+        """Verify, writing nothing, that the store exists and can be read (for
+        read-only commands such as `shardlease owners`, where an empty answer
+        from a store that is not there would look like "no owners"). Raises
+        `StoreError` saying what is missing. The default does nothing."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to close by default
         """Release connections."""
 
@@ -49,11 +72,14 @@ class LeaseStore(abc.ABC):
     @abc.abstractmethod
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         """Every lease of the cluster, by shard. Corrupt records are returned
-        with `record=None` and an error, never raised."""
+        with `record=None`, an error and the generation recovered from them,
+        never raised; so are leases that vanished after being seen held (see
+        the module doc). Implementations end with `_observed_all`."""
 
     @abc.abstractmethod
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        """One lease, or None when there is none."""
+        """One lease, or None when there is none (or the vanished entry, as in
+        `list_leases`). Implementations end with `_observed_one`."""
 
     @abc.abstractmethod
     async def create_lease(self, lease: Lease) -> str:
@@ -83,6 +109,51 @@ class LeaseStore(abc.ABC):
 
     # -- shared behaviour -----------------------------------------------------
 
+    def _note(self, cluster: str, shard: int, stored: Stored[Lease]) -> None:
+        """Remember a lease read or written, if it is one nobody may take yet."""
+        if stored.version.startswith(VANISHED):
+            return
+        if stored.record is not None and stored.record.owner is None:
+            self._last_held.pop((cluster, shard), None)  # free: claimable if it vanishes
+        else:
+            self._last_held[(cluster, shard)] = stored
+
+    def _vanished(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        """The entry standing for a lease that vanished after being seen held."""
+        last = self._last_held.get((cluster, shard))
+        if last is None or last.version.startswith(VANISHED):
+            return last
+        seen = [f"held by {last.record.owner!r}" if last.record is not None else "corrupt"]
+        if last.generation is not None:
+            seen.append(f"at generation {last.generation}")
+        entry: Stored[Lease] = Stored(
+            VANISHED + last.version, None,
+            f"lease {cluster}/{shard} was deleted out of band (last seen {' '.join(seen)}); "
+            "treated as held until it expires", last.generation)
+        self._last_held[(cluster, shard)] = entry
+        return entry
+
+    def _observed_all(self, cluster: str,
+                      found: dict[int, Stored[Lease]]) -> dict[int, Stored[Lease]]:
+        """A complete listing of `cluster`'s leases, with the vanished ones
+        added back as entries that say so. Every store's `list_leases` ends here."""
+        for shard, stored in found.items():
+            self._note(cluster, shard, stored)
+        gone = sorted(s for c, s in self._last_held if c == cluster and s not in found)
+        for shard in gone:
+            entry = self._vanished(cluster, shard)
+            if entry is not None:
+                found[shard] = entry
+        return dict(sorted(found.items()))
+
+    def _observed_one(self, cluster: str, shard: int,
+                      stored: Stored[Lease] | None) -> Stored[Lease] | None:
+        """One lease as read by `get_lease`, like `_observed_all` for one shard."""
+        if stored is None:
+            return self._vanished(cluster, shard)
+        self._note(cluster, shard, stored)
+        return stored
+
     async def write_lease(self, lease: Lease, version: str | None) -> str:
         """Create (version None) or compare-and-swap a lease, and recognise a
         write of our own whose answer was lost.
@@ -94,9 +165,10 @@ class LeaseStore(abc.ABC):
         the claim with a newer generation and run twice.
         """
         try:
-            if version is None:
-                return await self.create_lease(lease)
-            return await self.update_lease(lease, version)
+            if version is None or version.startswith(VANISHED):
+                written = await self.create_lease(lease)
+            else:
+                written = await self.update_lease(lease, version)
         except StoreError as first:
             try:
                 current = await self.get_lease(lease.cluster, lease.shard)
@@ -106,3 +178,5 @@ class LeaseStore(abc.ABC):
                     and current.record.write_id == lease.write_id:
                 return current.version
             raise
+        self._note(lease.cluster, lease.shard, Stored(written, lease))
+        return written

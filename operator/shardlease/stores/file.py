@@ -84,14 +84,16 @@ def _seq_of(name: str) -> int | None:
     return int(stem)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """At most MAX_RECORD_BYTES + 1 bytes of a record: enough to tell an
-    oversize one. Raises FileNotFoundError, or OSError when the path exists
-    but is not a readable regular file."""
+def _read_bytes(path: Path) -> tuple[bytes, int]:
+    """At most MAX_RECORD_BYTES + 1 bytes of a record, and the file's size
+    (to say how far over the limit an oversize one is). Raises
+    FileNotFoundError, or OSError when the path exists but is not a readable
+    regular file."""
     # O_NONBLOCK: a FIFO planted as a record must not hang the reader.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         chunks: list[bytes] = []
         left = MAX_RECORD_BYTES + 1
@@ -101,7 +103,8 @@ def _read_bytes(path: Path) -> bytes:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        data = b"".join(chunks)
+        return data, max(info.st_size, len(data))
     finally:
         os.close(fd)
 
@@ -275,13 +278,13 @@ class FileStore(LeaseStore):
                 return None
             path = directory / f"{seqs[-1]}{_SUFFIX}"
             try:
-                data = _read_bytes(path)
+                data, size = _read_bytes(path)
             except FileNotFoundError:
                 continue  # superseded and collected since the listing: list again
             except OSError as e:
                 return Stored(f"{seqs[-1]}-unreadable", None,
                               f"cannot read {path}: {e.strerror or e}")
-            return stored_lease(data, f"{seqs[-1]}-{_digest(data)}", cluster, shard)
+            return stored_lease(data, f"{seqs[-1]}-{_digest(data)}", cluster, shard, size)
         raise StoreError(f"file store {self.root}: lease {cluster}/{shard} changed faster "
                          f"than it could be read ({_READ_TRIES} tries)")
 
@@ -316,7 +319,7 @@ class FileStore(LeaseStore):
             previous, digest = parsed
             path = directory / f"{previous}{_SUFFIX}"
             try:
-                current = _read_bytes(path)
+                current, _ = _read_bytes(path)
             except FileNotFoundError:
                 raise Conflict(f"{name} changed since version {version}") from None
             except OSError as e:
@@ -345,7 +348,7 @@ class FileStore(LeaseStore):
                 continue
             node = name[: -len(_SUFFIX)]
             try:
-                found[node] = _digest(_read_bytes(directory / name))
+                found[node] = _digest(_read_bytes(directory / name)[0])
             except FileNotFoundError:
                 continue  # deleted while listing
             except OSError as e:
@@ -375,6 +378,18 @@ class FileStore(LeaseStore):
         except OSError as e:
             raise self._fail("delete", path, e) from None
         self._fsync_dir(path.parent)
+
+    def _check_readable(self) -> None:
+        try:
+            info = os.stat(self.root)
+        except FileNotFoundError:
+            raise StoreError(f"file store {self.root} does not exist (no such directory); "
+                             "a node creates it at start") from None
+        except OSError as e:
+            raise self._fail("read", self.root, e) from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise StoreError(f"file store {self.root} is not a directory")
+        self._listdir(self.root)
 
     def _check(self) -> None:
         self._makedirs(self.root)
@@ -410,13 +425,17 @@ class FileStore(LeaseStore):
     async def check(self) -> None:
         await asyncio.to_thread(self._check)
 
+    async def check_readable(self) -> None:
+        await asyncio.to_thread(self._check_readable)
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         self._count("list")
-        return await asyncio.to_thread(self._list_leases, cluster)
+        return self._observed_all(cluster, await asyncio.to_thread(self._list_leases, cluster))
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         self._count("get")
-        return await asyncio.to_thread(self._get_lease, cluster, shard)
+        return self._observed_one(
+            cluster, shard, await asyncio.to_thread(self._get_lease, cluster, shard))
 
     async def create_lease(self, lease: Lease) -> str:
         self._count("put")

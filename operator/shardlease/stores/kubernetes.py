@@ -2,7 +2,9 @@
 
 `kubernetes://NAMESPACE` (in-cluster config, else KUBECONFIG; `?context=NAME`
 picks a kubeconfig context). A shard's Lease is named
-`shardlease-<cluster>-<shard>` and labelled with the cluster and the shard, so
+`shardlease.<cluster>.shard.<shard>`, a node's heartbeat
+`shardlease.<cluster>.node.<node>` (see `lease_name`: names are injective),
+and both are labelled with the cluster (and the shard), so
 `kubectl get leases -l shardlease.io/cluster=<cluster>` shows the holders:
 
     spec.holderIdentity        owner (absent when free)
@@ -15,6 +17,32 @@ picks a kubeconfig context). A shard's Lease is named
 Every write is a replace carrying the resourceVersion last read, so the API
 server refuses a stale one with 409 (the race is lost). Reads are one
 label-selected LIST per round for the leases and one for the heartbeats.
+
+A Lease whose labels were removed (`kubectl label ... shardlease.io/cluster-`)
+drops out of the label-selected LIST, but its name still takes the shard: a
+create then conflicts with a lease the LIST did not show. The store reads it
+by name, reports it, and from then on lists it with the others (a corrupt
+record, since its labels are wrong), so the loop holds it until it expires and
+then claims through it, which writes the labels back.
+
+Upgrading from the names before `shardlease.<cluster>.shard.<shard>`: they were
+`shardlease-<cluster>-<shard>` and `shardlease-<cluster>-node-<node>`, which
+could collide across clusters (cluster `c` node `c-0` and cluster `c-node-c`
+shard 0 were both `shardlease-c-node-c-0`). A shard Lease under its old name,
+labelled for its cluster and shard, stays that shard's lease for as long as it
+exists: it is listed, renewed and claimed under the old name (its version says
+so), so old and new nodes running side by side during a rolling upgrade share
+one object per shard and the generation carries on. Only shards that had no
+Lease at all get the new name. What is not safe: a shard that gets its first
+Lease while old and new nodes run side by side (a cluster started, or its
+shard count raised, during the rollout) can get one object under each name,
+so finish a rollout before changing the shard count; the store reports a
+shard with both. Old heartbeat objects are left behind: a node's current
+heartbeat wins over its old one in the listing, and an old one that no longer
+changes counts as a dead node's. Once no old version runs they can be deleted
+by name (old names start `shardlease-` but not `shardlease-h.`); do not delete
+the heartbeats by label: deleting a live node's heartbeat reads as that node
+stopping, and moves shards.
 
 Responses are read as raw JSON rather than the client's typed models: the
 typed deserializer is slow for a thousand Leases a round, and a Lease written
@@ -55,6 +83,10 @@ PAGE = 500
 #: Largest Lease object accepted (without managedFields), in bytes.
 OBJECT_LIMIT = MAX_RECORD_BYTES
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: A Lease object name is a DNS subdomain: at most this long.
+_NAME_MAX = 253
+#: Version prefix of a shard Lease stored under its pre-injective name.
+_LEGACY = "legacy:"
 
 
 def _micro(ts: float) -> str:
@@ -67,17 +99,56 @@ def _epoch(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def _is_label(text: str) -> bool:
+    return len(text) <= 63 and bool(_DNS_LABEL.match(text))
+
+
+def object_name(cluster: str, kind: str, name: str) -> str:
+    """The Lease object name of (cluster, kind, name); no two triples share one.
+
+    Readable form `shardlease.<cluster>.<kind>.<name>`: the cluster is one DNS
+    label (no dot) and the kind a fixed word, so the name can be read back
+    into its parts and two triples never meet. When a part does not fit that
+    form (a cluster that is not a DNS label, a node name with capitals or
+    `_`, a name too long), the hashed form `shardlease-h.<kind>.<sha256 of the
+    triple>` is used: its first label is `shardlease-h`, never `shardlease`,
+    so it cannot meet a readable name, and the old (pre-injective) names all
+    start `shardlease-<cluster>-` and end in `-<digits>` or hold `-node-`,
+    which 40 hex digits never do.
+    """
+    readable = f"shardlease.{cluster}.{kind}.{name}"
+    if _is_label(cluster) and len(readable) <= _NAME_MAX \
+            and all(_is_label(part) for part in name.split(".")):
+        return readable
+    digest = hashlib.sha256(json.dumps([cluster, kind, name]).encode()).hexdigest()[:40]
+    return f"shardlease-h.{kind}.{digest}"
+
+
 def node_object_name(cluster: str, node: str) -> str:
-    """A heartbeat Lease's name: readable when the node name fits, hashed when not."""
-    name = f"shardlease-{cluster}-node-{node}".lower()
-    if len(name) <= 253 and all(_DNS_LABEL.match(p) for p in name.split(".")):
-        return name
-    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
-    return f"shardlease-{cluster}-node-{digest}"
+    """A heartbeat Lease's name."""
+    return object_name(cluster, "node", node)
+
+
+def lease_name(cluster: str, shard: int) -> str:
+    """A shard Lease's name."""
+    return object_name(cluster, "shard", str(shard))
+
+
+def _shard_named(name: str, prefix: str) -> int | None:
+    """The shard number after `prefix` in `name` (canonical decimal), or None."""
+    rest = name.removeprefix(prefix)
+    if rest == name or not rest.isascii() or not rest.isdigit() or str(int(rest)) != rest:
+        return None
+    return int(rest)
+
+
+def legacy_lease_name(cluster: str, shard: int) -> str:
+    """A shard Lease's name before names were injective (see the module doc)."""
+    return f"shardlease-{cluster}-{shard}"
 
 
 def lease_to_object(lease: Lease, namespace: str, version: str | None,
-                    acquired: float | None) -> dict[str, Any]:
+                    acquired: float | None, name: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "leaseTransitions": lease.generation,
         "leaseDurationSeconds": max(1, math.ceil(lease.ttl)),
@@ -90,7 +161,7 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
     if lease.incarnation:
         annotations[ANN_INCARNATION] = lease.incarnation
     meta: dict[str, Any] = {
-        "name": lease_name(lease.cluster, lease.shard),
+        "name": name or lease_name(lease.cluster, lease.shard),
         "namespace": namespace,
         "labels": {LABEL_CLUSTER: lease.cluster, LABEL_SHARD: str(lease.shard),
                    LABEL_KIND: "shard"},
@@ -102,29 +173,30 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
             "spec": spec}
 
 
-def lease_name(cluster: str, shard: int) -> str:
-    return f"shardlease-{cluster}-{shard}"
-
-
-def shard_of(name: str, cluster: str) -> int | None:
-    """The shard a Lease name stands for in `cluster`, or None if it is not one."""
-    suffix = name.removeprefix(f"shardlease-{cluster}-")
-    return int(suffix) if suffix != name and suffix.isdigit() else None
-
-
 def _size(obj: dict[str, Any]) -> int:
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     return len(json.dumps({"metadata": meta, "spec": obj.get("spec")}))
 
 
-def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lease]:
+def _recovered_generation(obj: dict[str, Any]) -> int | None:
+    """`spec.leaseTransitions` of a Lease that is not a valid record, if usable."""
+    spec = obj.get("spec")
+    value = spec.get("leaseTransitions") if isinstance(spec, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
+                    version_prefix: str = "") -> Stored[Lease]:
     """Validate a Lease object stored as `cluster`'s shard `shard`; never raises.
 
     The object's name is where it is stored; its labels, spec and annotations
-    are its content, checked like any record read from a shared store.
+    are its content, checked like any record read from a shared store. A
+    corrupt one still gives its `leaseTransitions` as the recovered generation.
     """
     meta = obj.get("metadata") or {}
-    version = str(meta.get("resourceVersion", ""))
+    version = version_prefix + str(meta.get("resourceVersion", ""))
     name = meta.get("name")
     try:
         size = _size(obj)
@@ -155,9 +227,11 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int) -> Stored[Lea
         first = e.errors()[0]
         msg = (f"{e.error_count()} problem(s); first: "
                f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
-        return Stored(version, None, f"invalid lease object {name!r}: {msg}")
-    except (ValueError, TypeError) as e:
-        return Stored(version, None, f"invalid lease object {name!r}: {e}")
+        return Stored(version, None, f"invalid lease object {name!r}: {msg}",
+                      _recovered_generation(obj))
+    except (ValueError, TypeError, AttributeError) as e:
+        return Stored(version, None, f"invalid lease object {name!r}: {e}",
+                      _recovered_generation(obj))
 
 
 async def call(api: Any, method: str, path: str, body: Any = None,
@@ -223,6 +297,11 @@ class KubernetesStore(LeaseStore):
         self._beat_versions: dict[tuple[str, str], str] = {}
         #: (cluster, shard) -> (generation, acquireTime) of the claims this store wrote.
         self._acquired: dict[tuple[str, int], tuple[int, float]] = {}
+        #: Shard Leases found by name that the label-selected LIST does not show
+        #: (labels removed), listed by name until the LIST shows them again.
+        self._hidden: set[tuple[str, int]] = set()
+        #: Shards reported as having a Lease under both the old and the new name.
+        self._reported_twice: set[tuple[str, int]] = set()
 
     @classmethod
     def from_url(cls, url: str) -> KubernetesStore:
@@ -303,35 +382,103 @@ class KubernetesStore(LeaseStore):
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         items = await self._list(f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}=shard")
-        out: dict[int, Stored[Lease]] = {}
+        current: dict[int, Stored[Lease]] = {}
+        legacy: dict[int, Stored[Lease]] = {}
         for obj in items:
-            name = (obj.get("metadata") or {}).get("name", "")
-            shard = shard_of(name, cluster)
-            if shard is None:
+            meta = obj.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            # The name says where a record is stored (its labels are content,
+            # checked by object_to_lease); the shard label only helps find a
+            # hashed name.
+            label = str((meta.get("labels") or {}).get(LABEL_SHARD, ""))
+            hint = int(label) if label.isascii() and label.isdigit() else None
+            if (shard := _shard_named(name, f"shardlease.{cluster}.shard.")) is not None \
+                    and name == lease_name(cluster, shard):
+                current[shard] = object_to_lease(obj, cluster, shard)
+            elif hint is not None and name == lease_name(cluster, hint):
+                current[hint] = object_to_lease(obj, cluster, hint)
+            elif (shard := _shard_named(name, f"shardlease-{cluster}-")) is not None:
+                legacy[shard] = object_to_lease(obj, cluster, shard, _LEGACY)
+            else:
                 logger.warning("Lease %s/%s carries the labels of cluster %s but is not named "
                                "like one of its shards; ignored", self.namespace, name, cluster)
+        out = {**legacy, **current}
+        for shard in sorted(set(legacy) & set(current)):
+            if (cluster, shard) not in self._reported_twice:
+                self._reported_twice.add((cluster, shard))
+                logger.error(
+                    "shard %d of cluster %s has a Lease under its old name %s and one under "
+                    "its new name %s (created while old and new versions ran side by side); "
+                    "the new one is used: delete the old one once no old version runs",
+                    shard, cluster, legacy_lease_name(cluster, shard), lease_name(cluster, shard))
+        for key in sorted(self._hidden):
+            hidden_cluster, shard = key
+            if hidden_cluster != cluster:
                 continue
-            out[shard] = object_to_lease(obj, cluster, shard)
-        return out
+            if shard in out:
+                self._hidden.discard(key)  # labelled again: the LIST shows it
+                continue
+            found = await self._get_named(lease_name(cluster, shard), cluster, shard)
+            if found is None:
+                self._hidden.discard(key)
+            else:
+                out[shard] = found
+        return self._observed_all(cluster, out)
 
-    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        status, payload = await self._request(
-            "GET", self._path(lease_name(cluster, shard)), kind="get")
+    async def _get_named(self, name: str, cluster: str, shard: int,
+                         legacy: bool = False) -> Stored[Lease] | None:
+        status, payload = await self._request("GET", self._path(name), kind="get")
         if status == 404:
             return None
         if status != 200:
             raise self._fail(f"reading lease {cluster}/{shard}", status, payload)
+        if legacy:
+            # An old name may belong to something else (they collided): only
+            # an object labelled as this very shard's lease is one.
+            labels = (payload.get("metadata") or {}).get("labels") or {}
+            if (labels.get(LABEL_CLUSTER), labels.get(LABEL_KIND), labels.get(LABEL_SHARD)) \
+                    != (cluster, "shard", str(shard)):
+                return None
+            return object_to_lease(payload, cluster, shard, _LEGACY)
         return object_to_lease(payload, cluster, shard)
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        found = await self._get_named(lease_name(cluster, shard), cluster, shard)
+        if found is None:
+            found = await self._get_named(legacy_lease_name(cluster, shard), cluster, shard,
+                                          legacy=True)
+        return self._observed_one(cluster, shard, found)
 
     async def create_lease(self, lease: Lease) -> str:
         body = lease_to_object(lease, self.namespace, None, lease.renewed_at)
         status, payload = await self._request("POST", self._path(), body=body, kind="put")
         if status == 409:
+            await self._look_for_hidden(lease.cluster, lease.shard)
             raise Conflict(f"lease {lease.cluster}/{lease.shard} exists")
         if status not in (200, 201):
             raise self._fail(f"creating lease {lease.cluster}/{lease.shard}", status, payload)
         self._acquired[(lease.cluster, lease.shard)] = (lease.generation, lease.renewed_at)
         return str(payload["metadata"]["resourceVersion"])
+
+    async def _look_for_hidden(self, cluster: str, shard: int) -> None:
+        """A create conflicted: if the object in the way is one the label-
+        selected LIST cannot show, report it and list it by name from now on."""
+        key = (cluster, shard)
+        if key in self._hidden:
+            return
+        name = lease_name(cluster, shard)
+        status, payload = await self._request("GET", self._path(name), kind="get")
+        if status != 200:
+            return
+        labels = (payload.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_CLUSTER) == cluster and labels.get(LABEL_KIND) == "shard":
+            return  # the LIST shows it: an ordinary lost race
+        self._hidden.add(key)
+        logger.warning(
+            "Lease %s/%s (shard %d of cluster %s) has lost its labels %s=%s and %s=shard, so "
+            "listings miss it, but its name still takes the shard: it is treated as a corrupt "
+            "record (held until it expires, then claimed, which labels it again)",
+            self.namespace, name, shard, cluster, LABEL_CLUSTER, cluster, LABEL_KIND)
 
     async def update_lease(self, lease: Lease, version: str) -> str:
         key = (lease.cluster, lease.shard)
@@ -340,8 +487,11 @@ class KubernetesStore(LeaseStore):
         claim = self._acquired.get(key)
         if claim is None or claim[0] != lease.generation:
             claim = (lease.generation, lease.renewed_at)
-        body = lease_to_object(lease, self.namespace, version, claim[1])
-        name = body["metadata"]["name"]
+        name = lease_name(lease.cluster, lease.shard)
+        if version.startswith(_LEGACY):
+            version = version.removeprefix(_LEGACY)
+            name = legacy_lease_name(lease.cluster, lease.shard)
+        body = lease_to_object(lease, self.namespace, version, claim[1], name)
         # A merge patch carrying metadata.resourceVersion, not a PUT: the API
         # server honours the version as a precondition either way (409), but
         # a PUT of a missing Lease *creates* it (Leases allow create on
@@ -353,22 +503,32 @@ class KubernetesStore(LeaseStore):
         status, payload = await self._request("PATCH", self._path(name), body=body, kind="put")
         if status in (409, 404):
             raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
+        if status == 400 and not version.isdigit():
+            # Not a resourceVersion the API server could have given.
+            raise Conflict(f"lease {lease.cluster}/{lease.shard}: {version!r} is not a version "
+                           "of this store")
         if status != 200:
             raise self._fail(f"replacing lease {lease.cluster}/{lease.shard}", status, payload)
         if lease.owner is None:
             self._acquired.pop(key, None)
         else:
             self._acquired[key] = claim
-        return str(payload["metadata"]["resourceVersion"])
+        new = str(payload["metadata"]["resourceVersion"])
+        return _LEGACY + new if name != lease_name(lease.cluster, lease.shard) else new
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         items = await self._list(f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}=heartbeat")
-        out = {}
+        out: dict[str, str] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
             node = (meta.get("annotations") or {}).get(ANN_NODE)
-            if isinstance(node, str) and node:
-                out[node] = str(meta.get("resourceVersion", ""))
+            if not isinstance(node, str) or not node:
+                continue
+            # A node's heartbeat under its old name (an earlier version, see
+            # the module doc) must not hide the current one, whatever the order.
+            if node in out and meta.get("name") != node_object_name(cluster, node):
+                continue
+            out[node] = str(meta.get("resourceVersion", ""))
         return out
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:

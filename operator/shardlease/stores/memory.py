@@ -46,16 +46,18 @@ class MemoryStore(LeaseStore):
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         self._count("list")
-        return {
+        return self._observed_all(cluster, {
             shard: stored_lease(data, version, cluster, shard)
             for (c, shard), (version, data) in sorted(self.backend.leases.items())
             if c == cluster
-        }
+        })
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         self._count("get")
         found = self.backend.leases.get((cluster, shard))
-        return None if found is None else stored_lease(found[1], found[0], cluster, shard)
+        return self._observed_one(
+            cluster, shard,
+            None if found is None else stored_lease(found[1], found[0], cluster, shard))
 
     async def create_lease(self, lease: Lease) -> str:
         self._count("put")

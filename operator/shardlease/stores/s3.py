@@ -30,7 +30,9 @@ liveness is judged from ETags changing.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextlib
+import json
 import logging
 import os
 import random
@@ -50,7 +52,10 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoCredentialsError,
     ReadTimeoutError,
 )
-from botocore.handlers import add_expect_header  # type: ignore[import-untyped]
+from botocore.handlers import (  # type: ignore[import-untyped]
+    _handle_200_error,
+    add_expect_header,
+)
 
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
 from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encode, stored_lease
@@ -259,6 +264,10 @@ class S3Store(LeaseStore):
                     # bodies are tiny, and a server that never answers it would
                     # hold the request (outside the read timeout) for good.
                     client.meta.events.unregister("before-call.s3", add_expect_header)
+                    # Note a 200 that is not S3 before botocore makes it a 500:
+                    # in its place, since botocore's handler runs first.
+                    client.meta.events.unregister("before-parse.s3.*", _handle_200_error)
+                    client.meta.events.register_first("before-parse.s3.*", _mark_not_s3)
                     self._stack, self._client = stack, client
         return self._client
 
@@ -311,6 +320,15 @@ class S3Store(LeaseStore):
         code = str(error.get("Code") or status)
         message = str(error.get("Message") or "")
         where = f"{operation} {self._url(key)} at {self._endpoint()}"
+        headers: Mapping[str, Any] = e.response.get("ResponseMetadata", {}).get(
+            "HTTPHeaders", {}) or {}
+        not_s3 = headers.get(_NOT_S3)
+        if not_s3:
+            return _S3Failure(
+                f"the endpoint {self._endpoint()} does not look like S3: it answered "
+                f"{operation} {self._url(key)} with HTTP 200 and {not_s3}, not an S3 "
+                "response; check the endpoint URL",
+                code="NotS3", status=200)
         if code == "NoSuchBucket":
             text = (f"the bucket {self.bucket!r} does not exist at the S3 endpoint "
                     f"{self._endpoint()} ({where}): create it first")
@@ -369,9 +387,7 @@ class S3Store(LeaseStore):
 
     def _decode(self, etag: str, data: bytes, total: int,
                 cluster: str, shard: int) -> Stored[Lease]:
-        if total > MAX_RECORD_BYTES:
-            return Stored(etag, None, _too_big(total))
-        return stored_lease(data, etag, cluster, shard)
+        return stored_lease(data, etag, cluster, shard, total)
 
     async def _fetch_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         key = self._lease_key(cluster, shard)
@@ -383,11 +399,25 @@ class S3Store(LeaseStore):
         self._cache[key] = stored
         return stored
 
+    async def _fetch_listed(self, cluster: str, shard: int, etag: str) -> Stored[Lease] | None:
+        """A lease seen in a listing. One object this client may not read (a
+        403: a bucket policy denying its key, an archived storage class) is
+        that lease's problem, reported as a corrupt record, not a failure of
+        the whole listing: otherwise one such object would stop every node
+        from claiming anything. Not cached: it is read again next round, in
+        case the permission was fixed."""
+        try:
+            return await self._fetch_lease(cluster, shard)
+        except _S3Failure as e:
+            if e.status != 403:
+                raise
+            return Stored(etag, None, f"cannot read the lease object: {e}")
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         directory = self._lease_dir(cluster)
         listed = await self._list(directory)
         leases: dict[int, Stored[Lease]] = {}
-        changed: list[int] = []
+        changed: list[tuple[int, str]] = []
         for key, (etag, size) in listed.items():
             shard = _shard_number(key[len(directory):])
             if shard is None:
@@ -399,25 +429,26 @@ class S3Store(LeaseStore):
             cached = self._cache.get(key)
             if cached is not None and cached.version == etag:
                 leases[shard] = cached
-            elif size > MAX_RECORD_BYTES or size == 0:
-                # Judged from the listing alone: no need to fetch it.
-                stored = (Stored(etag, None, _too_big(size)) if size
-                          else stored_lease(b"", etag, cluster, shard))
-                self._cache[key] = leases[shard] = stored
+            elif size == 0:
+                # Judged from the listing alone: no need to fetch it. (An
+                # oversize record is fetched, its first bytes only, for the
+                # generation they may still show.)
+                self._cache[key] = leases[shard] = stored_lease(b"", etag, cluster, shard)
             else:
-                changed.append(shard)
+                changed.append((shard, etag))
         for key in [k for k in self._cache if k.startswith(directory) and k not in listed]:
             del self._cache[key]
 
         if changed:
-            fetched = await _all([self._fetch_lease(cluster, shard) for shard in changed])
-            for shard, entry in zip(changed, fetched, strict=True):
+            fetched = await _all([self._fetch_listed(cluster, shard, etag)
+                                  for shard, etag in changed])
+            for (shard, _), entry in zip(changed, fetched, strict=True):
                 if entry is not None:  # None: removed since the listing
                     leases[shard] = entry
-        return dict(sorted(leases.items()))
+        return self._observed_all(cluster, leases)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        return await self._fetch_lease(cluster, shard)
+        return self._observed_one(cluster, shard, await self._fetch_lease(cluster, shard))
 
     # -- writing leases --------------------------------------------------------------------
 
@@ -502,9 +533,19 @@ class S3Store(LeaseStore):
     # -- the start-up probe ----------------------------------------------------------------------
 
     async def check(self) -> None:
-        """Probe that the bucket is reachable and that conditional PUTs are
-        enforced; raise `StoreUnsafe` if a condition is ignored, `StoreError`
-        if the endpoint or bucket cannot be used."""
+        """Probe that the bucket is reachable, that this client may list, read
+        and write it, and that conditional PUTs are enforced; raise
+        `StoreUnsafe` if a condition is ignored, `StoreError` if the endpoint
+        or bucket cannot be used. Whatever the outcome, the probe objects are
+        removed.
+
+        Every probe write carries a nonce. A write whose answer was lost after
+        it landed is retried by botocore and then refused (412: the object now
+        exists, or moved): reading the object back and finding our nonce tells
+        our own write from a server that refuses the condition, so a node
+        starting on a lossy network neither fails nor judges a sound store
+        unsafe.
+        """
         probe_dir = f"{self._root()}.shardlease-probe/"
         key = f"{probe_dir}{uuid.uuid4().hex}"
         missing = f"{probe_dir}{uuid.uuid4().hex}-never-created"
@@ -516,39 +557,72 @@ class S3Store(LeaseStore):
                 f"would let two nodes own a shard; use a store that supports conditional "
                 f"writes ({_SAFE_STORES})")
 
-        async def put(target: str, **condition: str) -> str | _S3Failure:
+        def body() -> bytes:
+            return json.dumps({"probe": True, "nonce": uuid.uuid4().hex}).encode()
+
+        async def read_back(target: str) -> tuple[str, bytes] | None:
+            got = await self._read(target)
+            return None if got is None else (got[0], got[1])
+
+        async def put(target: str, data: bytes, expect_refusal: bool = False,
+                      **condition: str) -> str | _S3Failure:
+            """The new ETag, or the refusal. A refusal of a write that in fact
+            landed (its answer lost, the retry refused) is the new ETag too;
+            not checked for writes meant to be refused (a server that ignores
+            the condition lets the retry through as well)."""
             try:
-                answer = await self._call("put_object", target, Key=target,
-                                          Body=b'{"probe": true}', **condition)
+                answer = await self._call("put_object", target, Key=target, Body=data,
+                                          **condition)
             except _S3Failure as e:
+                if e.status in (409, 412) and not expect_refusal:
+                    found = await read_back(target)
+                    if found is not None and found[1] == data:
+                        log.info("the answer to the probe's write of %s was lost; it landed",
+                                 self._url(target))
+                        return found[0]
                 return e
             return clean_etag(answer.get("ETag", ""))
 
+        # Listing is how nodes find the leases: it must be allowed.
         await self._call("list_objects_v2", probe_dir, Prefix=probe_dir, MaxKeys=1)
-        first = await put(key, IfNoneMatch="*")
-        if isinstance(first, _S3Failure):
-            if first.status in (400, 501) and first.code in ("NotImplemented", "InvalidArgument"):
-                unsafe(f"refused a PUT with If-None-Match ({first.code}: {first})")
-            raise first
         try:
-            again = await put(key, IfNoneMatch="*")
+            data = body()
+            first = await put(key, data, IfNoneMatch="*")
+            if isinstance(first, _S3Failure):
+                if first.status in (400, 501) \
+                        and first.code in ("NotImplemented", "InvalidArgument"):
+                    unsafe(f"refused a PUT with If-None-Match ({first.code}: {first})")
+                raise first
+            # Reading and listing what was written: a node that may write but
+            # not read or list the leases could never see who holds them.
+            found = await read_back(key)
+            if found is None or found[1] != data:
+                what = "it is missing" if found is None else "other bytes"
+                raise StoreError(
+                    f"the S3 endpoint {endpoint} did not give back the probe object "
+                    f"{self._url(key)} just written ({what})")
+            if key not in await self._list(probe_dir):
+                raise StoreError(
+                    f"the S3 endpoint {endpoint} did not list the probe object {self._url(key)} "
+                    "just written: nodes would not see each other's leases")
+            again = await put(key, body(), True, IfNoneMatch="*")
             if isinstance(again, str):
                 unsafe("ignored If-None-Match: a second create of one object succeeded")
             if again.status not in (409, 412):
                 raise again
             wrong = "0" * 32 if first != "0" * 32 else "1" * 32
-            stale = await put(key, IfMatch=f'"{wrong}"')
+            stale = await put(key, body(), True, IfMatch=f'"{wrong}"')
             if isinstance(stale, str):
                 unsafe("ignored If-Match: an update with a wrong ETag succeeded")
             if stale.status != 412:
                 raise stale
-            right = await put(key, IfMatch=f'"{first}"')
+            right = await put(key, body(), IfMatch=f'"{first}"')
             if isinstance(right, _S3Failure):
                 if right.status == 412:
                     unsafe(f"refused an update with the object's own ETag {first!r} "
                            "(If-Match never matches)")
                 raise right
-            absent = await put(missing, IfMatch=f'"{first}"')
+            absent = await put(missing, body(), IfMatch=f'"{first}"')
             if isinstance(absent, str):
                 log.warning(
                     "the S3 endpoint %s created an object on a PUT with If-Match although "
@@ -582,13 +656,45 @@ def _session() -> Any:
     return session
 
 
+#: A response header set on a 200 whose body is not S3's XML (see `_mark_not_s3`).
+_NOT_S3 = "x-shardlease-not-s3"
+
+
+def _mark_not_s3(response_dict: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    """Note a 200 answer whose body is not XML before botocore rewrites its status.
+
+    botocore reads a 200 with an unparsable body as an S3 error embedded in a
+    success (CopyObject does that) and turns it into a 500, so an endpoint
+    that is not S3 at all (a web page, a JSON API) would be reported as
+    "HTTP 500" although it answered 200. The note travels in the response's
+    headers, which the error keeps."""
+    try:
+        _note_not_s3(response_dict)
+    finally:
+        _handle_200_error(response_dict=response_dict, **kwargs)
+
+
+def _note_not_s3(response_dict: dict[str, Any] | None) -> None:
+    if not response_dict or response_dict.get("status_code") != 200:
+        return
+    body = response_dict.get("body")
+    if not isinstance(body, bytes | bytearray) or not body:
+        return  # a streamed object body (GetObject), or none (PutObject)
+    head = bytes(body[:512]).lstrip().lower()
+    if head.startswith(b"<") and b"<html" not in head and b"<!doctype html" not in head:
+        return  # XML: S3's own (an error embedded in a 200 stays botocore's business)
+    headers = response_dict.get("headers")
+    if isinstance(headers, collections.abc.MutableMapping):
+        kind = str(headers.get("content-type") or "no content type")
+        preview = bytes(body[:60]).decode("utf-8", "replace")
+        headers[_NOT_S3] = f"a body of {kind}: {preview!r}"
+        # An HTML page parses as XML: without this it would read as "no objects".
+        response_dict["status_code"] = 500
+
+
 def clean_etag(raw: str) -> str:
     """An ETag without quotes or a weak-validator prefix (shared with the example app)."""
     return raw.strip().removeprefix("W/").strip('"')
-
-
-def _too_big(size: int) -> str:
-    return f"lease record is {size} bytes, more than the {MAX_RECORD_BYTES} allowed"
 
 
 def _shard_number(name: str) -> int | None:
