@@ -23,6 +23,7 @@ def shardset(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     ({"shards": 0}, "spec.shards"),
     ({"shards": 8193}, "spec.shards"),
     ({"leaseTTL": 0}, "spec.leaseTTL"),
+    ({"leaseTTL": 3601}, "spec.leaseTTL"),
     ({"interval": -1}, "spec.interval"),
     ({"margin": 20}, "margin must be less than leaseTTL"),
     ({"leaseTTL": 6, "interval": 5.5}, "interval must be less than leaseTTL - margin"),

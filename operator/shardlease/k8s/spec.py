@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import AgentConfig
 from shardlease.options import Options
+from shardlease.records import MAX_LEASE_TTL
 
 PREFIX = "shardlease.io/"
 SHARDS = PREFIX + "shards"
@@ -78,7 +79,7 @@ class ShardSetSpec(BaseModel):
     #: still fits one object with 63-character pod names (tests/k8s/test_crd.py).
     shards: int = Field(ge=1, le=MAX_SHARDS)
     store: str = Field(min_length=1)
-    lease_ttl: float = Field(default=15.0, gt=0, alias="leaseTTL")
+    lease_ttl: float = Field(default=15.0, gt=0, le=MAX_LEASE_TTL, alias="leaseTTL")
     interval: float | None = Field(default=None, gt=0)
     margin: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=16, ge=1, alias="maxConcurrency")
