@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shardlease.cli import OwnerRow, owners_table, parse_peers
+from shardlease.cli import parse_peers
 from shardlease.errors import ConfigError
+from shardlease.owners import OwnerRow, owners_table
 from shardlease.records import Lease, new_write_id
 from shardlease.stores.file import FileStore
 

@@ -69,7 +69,8 @@ class ProcessRun:
 
 async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int) -> ProcessRun:
     from shardlease.checker import load_events
-    from shardlease.cli import Demo, read_owners, recovery_after
+    from shardlease.demo import Demo, recovery_after
+    from shardlease.owners import read_owners
     from shardlease.stores.file import FileStore
 
     store_dir = workdir / "store"

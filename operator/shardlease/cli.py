@@ -17,24 +17,22 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from shardlease.demo import Demo, DemoError, run_demo
 from shardlease.errors import ConfigError, ShardleaseError
 from shardlease.hosts.base import Host
 from shardlease.hosts.record import RecordHost
 from shardlease.options import Options
+from shardlease.owners import owners_table, read_owners
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 
@@ -257,51 +255,6 @@ def cmd_node(args: argparse.Namespace) -> int:
 # -- owners ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OwnerRow:
-    shard: int
-    owner: str | None
-    generation: int
-
-
-async def read_owners(store: LeaseStore, cluster: str, shards: int | None) -> tuple[
-        list[OwnerRow], list[str]]:
-    """One listing of the leases: a row per shard (0..N-1, N from `shards` or
-    the highest shard seen + 1) and a line per corrupt record."""
-    # An empty listing of a store that is not there would read as "no owners".
-    await store.check_readable()
-    leases = await store.list_leases(cluster)
-    count = shards if shards is not None else (max(leases) + 1 if leases else 0)
-    rows, problems = [], []
-    for shard in range(count):
-        stored = leases.get(shard)
-        if stored is None:
-            rows.append(OwnerRow(shard, None, 0))
-        elif stored.record is None:
-            problems.append(f"shard {shard}: corrupt lease record: {stored.error}")
-            rows.append(OwnerRow(shard, None, stored.generation or 0))
-        else:
-            rows.append(OwnerRow(shard, stored.record.owner, stored.record.generation))
-    return rows, problems
-
-
-def owners_table(rows: Sequence[OwnerRow]) -> str:
-    header = ("SHARD", "OWNER", "GENERATION")
-    cells = [(str(r.shard), r.owner or "-", str(r.generation)) for r in rows]
-    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(3)]
-    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(3)).rstrip()
-             for c in [header, *cells]]
-    by_owner: dict[str | None, list[int]] = {}
-    for r in rows:
-        by_owner.setdefault(r.owner, []).append(r.shard)
-    lines.append("")
-    for owner in sorted(by_owner, key=lambda o: (o is None, o or "")):
-        shards = by_owner[owner]
-        lines.append(f"{owner or '(unowned)'}: {len(shards)} shard(s): "
-                     + " ".join(map(str, shards)))
-    return "\n".join(lines)
-
-
 async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
     try:
         rows, problems = await read_owners(store, args.cluster, args.shards)
@@ -337,248 +290,6 @@ def cmd_owners(args: argparse.Namespace) -> int:
 # -- demo --------------------------------------------------------------------------
 
 
-@dataclass
-class DemoNode:
-    name: str
-    proc: subprocess.Popen[bytes] | None = None
-    state: str = "new"  # running, killed, stopped
-
-
-@dataclass
-class Demo:
-    """Several `shardlease node` processes on one store, driven through a kill,
-    a failover, a join and a graceful stop, with a recording host."""
-
-    nodes: int
-    shards: int
-    store_url: str
-    cluster: str
-    workdir: Path
-    ttl: float
-    #: "table" (redrawn on a terminal), "json" (lines) or "none" (the bench).
-    view: str
-    keep: bool = False
-    timeout: float = 60.0
-    started: float = field(default_factory=time.time)
-    members: dict[str, DemoNode] = field(default_factory=dict)
-    marks: list[tuple[str, float]] = field(default_factory=list)
-    phase: str = ""
-    _last_view: str = ""
-
-    @property
-    def records(self) -> list[Path]:
-        return sorted((self.workdir / "events").glob("*.jsonl"))
-
-    def command(self, name: str) -> list[str]:
-        return [sys.executable, "-m", "shardlease", "node", "--store", self.store_url,
-                "--cluster", self.cluster, "--name", name, "--shards", str(self.shards),
-                "--lease-ttl", f"{self.ttl:g}",
-                "--host", f"record:{self.workdir / 'events' / (name + '.jsonl')}",
-                "--log-format", "json", "--parent-pid", str(os.getpid())]
-
-    def start(self, name: str) -> None:
-        member = self.members.setdefault(name, DemoNode(name))
-        with open(self.workdir / "logs" / f"{name}.log", "ab") as log:
-            member.proc = subprocess.Popen(self.command(name), stdin=subprocess.DEVNULL,
-                                           stdout=log, stderr=log, start_new_session=True)
-        member.state = "running"
-
-    def running(self) -> list[str]:
-        return [m.name for m in self.members.values()
-                if m.state == "running" and m.proc is not None and m.proc.poll() is None]
-
-    def mark(self, what: str) -> float:
-        now = time.time()
-        self.marks.append((what, now))
-        self.say(what)
-        return now
-
-    def say(self, what: str) -> None:
-        self.phase = what
-        if self.view == "json":
-            print(json.dumps({"t": round(time.time() - self.started, 3), "phase": what}),
-                  flush=True)
-
-    def show(self, rows: Sequence[OwnerRow]) -> None:
-        owners = [r.owner for r in rows]
-        if self.view == "none":
-            return
-        if self.view == "table":
-            view = self._table(rows)
-            if view != self._last_view:
-                sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")
-                sys.stdout.flush()
-                self._last_view = view
-            return
-        key = json.dumps(owners)
-        if key != self._last_view:
-            self._last_view = key
-            print(json.dumps({"t": round(time.time() - self.started, 3), "owners": owners,
-                              "generations": [r.generation for r in rows],
-                              "running": self.running()}), flush=True)
-
-    def _table(self, rows: Sequence[OwnerRow]) -> str:
-        t = time.time() - self.started
-        lines = [f"shardlease demo: {len(self.members)} nodes, {self.shards} shards, "
-                 f"lease TTL {self.ttl:g}s   t={t:5.1f}s", ""]
-        lines += [f"  {at - self.started:5.1f}s  {what}" for what, at in self.marks]
-        lines += ["", f"{'NODE':<10} {'STATE':<8} {'LEASES':>6}  SHARDS (generation)"]
-        for m in self.members.values():
-            held = [r for r in rows if r.owner == m.name]
-            state = m.state if m.state != "running" or m.name in self.running() else "exited"
-            shards = " ".join(f"{r.shard}({r.generation})" for r in held)
-            lines.append(f"{m.name:<10} {state:<8} {len(held):>6}  {shards}")
-        free = [r.shard for r in rows if r.owner is None]
-        lines.append(f"{'(free)':<10} {'':<8} {len(free):>6}  {' '.join(map(str, free))}")
-        return "\n".join(lines)
-
-    async def owners(self, store: LeaseStore) -> list[OwnerRow]:
-        try:
-            rows, _ = await read_owners(store, self.cluster, self.shards)
-        except ShardleaseError:
-            return []
-        self.show(rows)
-        return rows
-
-    def balanced(self, rows: Sequence[OwnerRow]) -> bool:
-        live = self.running()
-        if not rows or not live or any(r.owner not in live for r in rows):
-            return False
-        counts = Counter(r.owner for r in rows)
-        return max(counts.values()) <= math.ceil(self.shards / len(live))
-
-    async def wait_balanced(self, store: LeaseStore, what: str) -> float:
-        deadline = time.time() + self.timeout
-        while time.time() < deadline:
-            if self.balanced(await self.owners(store)):
-                return time.time()
-            for m in self.members.values():
-                if m.state == "running" and m.proc is not None and m.proc.poll() is not None:
-                    raise DemoError(f"node {m.name} exited with status {m.proc.returncode}; "
-                                    f"see {self.workdir / 'logs' / (m.name + '.log')}")
-            await asyncio.sleep(0.2)
-        raise DemoError(f"no balance {what} within {self.timeout:g}s")
-
-    def kill(self, name: str) -> float:
-        member = self.members[name]
-        assert member.proc is not None
-        member.proc.send_signal(signal.SIGKILL)
-        member.proc.wait()
-        member.state = "killed"
-        return time.time()
-
-    def stop_all(self, grace: float) -> dict[str, int | None]:
-        """SIGTERM every live node, wait for them, SIGKILL what is left."""
-        procs = {m.name: m.proc for m in self.members.values()
-                 if m.proc is not None and m.proc.poll() is None}
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        end = time.time() + grace
-        codes: dict[str, int | None] = {}
-        for name, proc in procs.items():
-            try:
-                codes[name] = proc.wait(max(0.1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                codes[name] = None
-            self.members[name].state = "stopped"
-        return codes
-
-
-class DemoError(Exception):
-    """The demo could not go on (a node died, no balance in time)."""
-
-
-def recovery_after(events: Sequence[dict[str, Any]], victim: str, killed_at: float,
-                   lost: Sequence[int]) -> float | None:
-    """Seconds from the kill until every shard the victim held was open on
-    another node again (from the recorded `open_end` lines)."""
-    reopened: dict[int, float] = {}
-    for ev in events:
-        if ev.get("event") == "open_end" and ev.get("node") != victim \
-                and ev.get("shard") in lost and float(ev["wall"]) >= killed_at:
-            shard = int(ev["shard"])
-            reopened[shard] = min(reopened.get(shard, math.inf), float(ev["wall"]))
-    if set(reopened) != set(lost):
-        return None
-    return max(reopened.values(), default=killed_at) - killed_at
-
-
-async def _demo(demo: Demo, store: LeaseStore) -> int:
-    from shardlease.checker import check_events, load_events
-
-    try:
-        await store.check()
-    except ShardleaseError as e:
-        return _fail(f"store {demo.store_url}: {e}", EXIT_FAILED)
-    names = [f"node-{i}" for i in range(demo.nodes)]
-    victim = names[len(names) // 2]
-    demo.mark(f"starting {demo.nodes} nodes: {', '.join(names)}")
-    for name in names:
-        demo.start(name)
-    t0 = time.time()
-    balanced_at = await demo.wait_balanced(store, "after the start")
-    demo.mark(f"balanced after {balanced_at - t0:.1f}s")
-    rows = await demo.owners(store)
-    lost = [r.shard for r in rows if r.owner == victim]
-    await asyncio.sleep(1.0)
-
-    demo.mark(f"kill -9 {victim} (it held shards {' '.join(map(str, lost))}); its leases "
-              f"must expire ({demo.ttl:g}s) before others take them")
-    killed_at = demo.kill(victim)
-    failover_at = await demo.wait_balanced(store, f"after killing {victim}")
-    demo.mark(f"failover done: {victim}'s shards owned by "
-              f"{', '.join(demo.running())} after {failover_at - killed_at:.1f}s")
-    await asyncio.sleep(1.0)
-
-    demo.mark(f"restarting {victim} (a join): the others release shards above their share")
-    joined_at = time.time()
-    demo.start(victim)
-    rejoined_at = await demo.wait_balanced(store, f"after {victim} joined")
-    demo.mark(f"rebalanced after the join in {rejoined_at - joined_at:.1f}s")
-    await asyncio.sleep(1.0)
-
-    demo.mark("SIGTERM to every node: each closes its shards and frees its leases")
-    codes = demo.stop_all(grace=3 * demo.ttl)
-    final = await demo.owners(store)
-    still_owned = [r.shard for r in final if r.owner is not None]
-
-    events = load_events(demo.records)
-    report = check_events(events)
-    kinds = Counter(str(ev.get("event")) for ev in events)
-    recovered = recovery_after(events, victim, killed_at, lost)
-    print()
-    print("== shardlease demo summary ==")
-    print(f"store                {demo.store_url} (cluster {demo.cluster})")
-    print(f"nodes, shards, TTL   {demo.nodes} nodes, {demo.shards} shards, "
-          f"lease TTL {demo.ttl:g}s")
-    print(f"claims               {kinds['claim']}")
-    print(f"releases             {kinds['release']}")
-    print(f"opens / closes       {kinds['open_end']} / {kinds['close_end']}")
-    print(f"lost / self-fenced   {kinds['lost']} / {kinds['self_fence']}")
-    print(f"first balance        {balanced_at - t0:.2f}s after the start")
-    if recovered is None:
-        print(f"recovery after kill  NOT RECOVERED ({victim}'s shards were not all reopened)")
-    else:
-        print(f"recovery after kill  {recovered:.2f}s = {recovered / demo.ttl:.2f} x TTL "
-              f"(all {len(lost)} shards of {victim} reopened elsewhere)")
-    print(f"balance after kill   {failover_at - killed_at:.2f}s")
-    print(f"balance after join   {rejoined_at - joined_at:.2f}s")
-    graceful = all(c == 0 for c in codes.values()) and not still_owned
-    print(f"graceful stop        {'ok' if graceful else 'NOT CLEAN'}: exit statuses "
-          f"{codes}, leases still owned after the stop: {still_owned or 'none'}")
-    print(f"overlap check        {report.summary()}")
-    for violation in report.violations[:20]:
-        print(f"  - {violation}")
-    kept = "" if demo.keep else " (removed on PASS; --keep keeps them)"
-    print(f"recorded events      {demo.workdir / 'events'}{kept}")
-    ok = report.ok and recovered is not None and graceful
-    print("RESULT               " + ("PASS" if ok else "FAIL"))
-    return EXIT_OK if ok else EXIT_FAILED
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.nodes < 2:
         return _fail("--nodes must be at least 2 (one is killed and restarted)", EXIT_CONFIG)
@@ -604,9 +315,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         store_url, cluster, store = args.store, f"demo-{os.urandom(3).hex()}", given
     setup_logging("text", "warning")
-    view = "table" if sys.stdout.isatty() else "json"
+    view = args.output or ("table" if sys.stdout.isatty() else "json")
     demo = Demo(nodes=args.nodes, shards=args.shards, store_url=store_url, cluster=cluster,
                 workdir=workdir, ttl=args.lease_ttl, view=view, keep=args.keep)
+    svg = Path(args.svg) if args.svg else None
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -615,7 +327,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_FAILED
     try:
-        code = asyncio.run(_demo(demo, store))
+        ok = asyncio.run(run_demo(demo, store, svg))
+        code = EXIT_OK if ok else EXIT_FAILED
+    except ShardleaseError as e:
+        code = _fail(f"store {store_url}: {e}", EXIT_FAILED)
     except DemoError as e:
         code = _fail(f"demo failed: {e} (files kept in {workdir})", EXIT_FAILED)
     except KeyboardInterrupt:
@@ -679,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", help="default: a file store in a fresh temporary directory")
     demo.add_argument("--lease-ttl", type=float, default=3.0)
     demo.add_argument("--keep", action="store_true", help="keep the temporary files")
+    demo.add_argument("-o", "--output", choices=("table", "json"),
+                      help="table: a live grid and a timeline (default on a terminal); "
+                           "json: one line per change (default when piped)")
+    demo.add_argument("--svg", default=str(Path(tempfile.gettempdir()) /
+                                            "shardlease-demo-timeline.svg"),
+                      help="write the timeline as an SVG picture here ('' for none)")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="print failover, balance, request and CPU figures",
