@@ -17,17 +17,31 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 # Only what building the package needs (see .dockerignore).
 COPY pyproject.toml README.md ./
+COPY requirements/image.txt requirements/image.txt
 COPY operator/ operator/
+# The dependencies exactly as pinned, each checked against its hash
+# (requirements/image.txt, made by pip-compile --generate-hashes from
+# pyproject.toml), then the package itself without resolving anything; pip
+# and setuptools leave the runtime venv once `pip check` agrees.
 RUN python -m venv /opt/shardlease \
+ && /opt/shardlease/bin/pip install --require-hashes --no-deps -r requirements/image.txt \
  && pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/shardlease/bin/pip install /wheels/shardlease-*.whl \
- && /opt/shardlease/bin/pip uninstall --yes pip \
+ && /opt/shardlease/bin/pip install --no-deps /wheels/shardlease-*.whl \
+ && /opt/shardlease/bin/pip check \
+ && /opt/shardlease/bin/pip uninstall --yes pip setuptools \
  && /opt/shardlease/bin/shardlease --help > /dev/null
 
 FROM ${PYTHON_IMAGE}
+# Set by whoever builds: e2e/cluster passes the git revision.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="shardlease" \
       org.opencontainers.image.description="Places the shards of a StatefulSet's application across its pods with leases" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
 # HOME: an arbitrary uid has no passwd entry, so nothing may look one up to
 # find a home directory.
 ENV PYTHONDONTWRITEBYTECODE=1 \
