@@ -50,6 +50,10 @@ MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
 
 BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm", "minio")
+# What a real node adds (e2e/cluster); built only when asked for, so the
+# envtest-style control plane costs no more than before.
+NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+ALL_BINARIES = BINARIES + NODE_BINARIES
 
 
 def cache_dir() -> Path:
@@ -70,6 +74,7 @@ def versions() -> dict[str, str]:
         "kubectl": K8S_VERSION,
         "helm": HELM_VERSION,
         "minio": MINIO_VERSION,
+        **{n: K8S_VERSION for n in NODE_BINARIES},
     }
 
 
@@ -212,8 +217,7 @@ def _k8s_ldflags() -> str:
 
 
 def _build_k8s(name: str, log: Path) -> None:
-    pkg = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-           "kubectl": "k8s.io/kubernetes/cmd/kubectl"}[name]
+    pkg = f"k8s.io/kubernetes/cmd/{name}"
     work = cache_dir() / "build" / f"kubernetes-{K8S_VERSION}"
     # Regenerated on every build (cheap): `-mod=mod` re-adds requirements.
     _wrapper_module(work, "kubernetes", "k8s.io/kubernetes", K8S_VERSION, _k8s_replaces())
@@ -281,6 +285,9 @@ _BUILDERS = {
     "kubectl": lambda log: _build_k8s("kubectl", log),
     "helm": lambda log: _build_helm(log),
     "minio": lambda log: _build_minio(log),
+    # Same wrapper module as kube-apiserver: most packages are shared, so
+    # these reuse its compiled objects from the Go build cache.
+    **{n: (lambda log, n=n: _build_k8s(n, log)) for n in NODE_BINARIES},
 }
 
 
@@ -305,7 +312,7 @@ def ensure_binaries(names: tuple[str, ...] | list[str] = BINARIES) -> dict[str, 
     names = list(names)
     for n in names:
         if n not in _BUILDERS:
-            raise ValueError(f"unknown binary {n!r}; known: {', '.join(BINARIES)}")
+            raise ValueError(f"unknown binary {n!r}; known: {', '.join(ALL_BINARIES)}")
     paths = {n: binary_path(n) for n in names}
     if all(p.exists() for p in paths.values()):
         return paths
@@ -740,7 +747,7 @@ def _cmd_status(args: list[str]) -> int:
     cp = ControlPlane.load(default_state_dir())
     if cp is None:
         print("not running")
-        for n in BINARIES:
+        for n in ALL_BINARIES:
             state = "(cached)" if binary_path(n).exists() else "(missing)"
             print(f"binary {n}: {binary_path(n)} {state}")
         return 1
@@ -755,7 +762,8 @@ def _cmd_status(args: list[str]) -> int:
 
 
 USAGE = """usage: e2e/controlplane COMMAND
-  build [NAME...]  build missing binaries into the cache ({names})
+  build [NAME...]  build missing binaries into the cache (default: the first five of
+                   {names})
   up               build what is missing, start etcd + kube-apiserver on 127.0.0.1,
                    print `export KUBECONFIG=...`
   down             stop them and remove their data
@@ -767,7 +775,7 @@ cache: $SHARDLEASE_CACHE (default ~/.cache/shardlease)"""
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE.format(names=", ".join(BINARIES)))
+        print(USAGE.format(names=", ".join(ALL_BINARIES)))
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "path":
@@ -782,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {"build": _cmd_build, "up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
     if cmd not in handlers:
-        print(USAGE.format(names=", ".join(BINARIES)), file=sys.stderr)
+        print(USAGE.format(names=", ".join(ALL_BINARIES)), file=sys.stderr)
         return 2
     return handlers[cmd](rest)
 
