@@ -351,23 +351,34 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed:\n{proc.stdout}")
 
 
-def _make_pki(d: Path) -> None:
-    """CA, apiserver serving cert (127.0.0.1/localhost), admin client cert in
-    system:masters, and the service-account signing key pair."""
+def _make_pki(d: Path, address: str = "127.0.0.1", node: bool = False) -> None:
+    """CA, apiserver serving cert (address, 127.0.0.1/localhost), admin client
+    cert in system:masters, and the service-account signing key pair. For a
+    node also a front-proxy CA and its client (what the controller manager
+    and scheduler need to authenticate delegated requests)."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
              "-out", "ca.crt", "-days", "3650", "-subj", "/CN=shardlease-test-ca", cwd=d)
+    extra_ip = f"IP:{address}," if address != "127.0.0.1" else ""
     (d / "serving.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        f"subjectAltName={extra_ip}IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        "DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
     (d / "client.ext").write_text(
         "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-    for name, subj, ext in (("apiserver", "/CN=kube-apiserver", "serving.ext"),
-                            ("admin", "/O=system:masters/CN=shardlease-admin", "client.ext")):
+    certs = [("apiserver", "/CN=kube-apiserver", "serving.ext", "ca"),
+             ("admin", "/O=system:masters/CN=shardlease-admin", "client.ext", "ca")]
+    if node:
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "front-proxy-ca.key",
+                 "-out", "front-proxy-ca.crt", "-days", "3650",
+                 "-subj", "/CN=shardlease-front-proxy-ca", cwd=d)
+        certs.append(("front-proxy-client", "/CN=front-proxy-client", "client.ext",
+                      "front-proxy-ca"))
+    for name, subj, ext, ca in certs:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", "-subj", subj, cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
                  "-CAcreateserial", "-out", f"{name}.crt", "-days", "3650",
                  "-extfile", ext, cwd=d)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
@@ -430,6 +441,13 @@ class ControlPlane:
     state_dir: where data, certs, logs and the kubeconfig live; a fresh temp
     dir if None. die_with_parent: the processes get SIGTERM when the creating
     process exits (what test fixtures want; the CLI turns it off).
+
+    node: start the API server for a real node (e2e/cluster) rather than
+    envtest style: it binds and advertises `address` (pods cannot reach
+    127.0.0.1 behind the Service DNAT), keeps the ServiceAccount admission
+    plugin and the endpoint reconciler on (so pods get tokens and the
+    `kubernetes` Service has endpoints), routes webhook calls to endpoint
+    IPs, and trusts a front-proxy CA.
     """
 
     state_dir: Path | None = None
@@ -440,6 +458,8 @@ class ControlPlane:
     apiserver_port: int = 0
     etcd_pid: int | None = None
     apiserver_pid: int | None = None
+    node: bool = False
+    address: str = "127.0.0.1"
     _procs: list = field(default_factory=list, repr=False)
     _owns_dir: bool = field(default=False, repr=False)
 
@@ -450,7 +470,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     @property
     def etcd_url(self) -> str:
@@ -477,7 +497,7 @@ class ControlPlane:
             self._owns_dir = True
         self.dir.mkdir(parents=True, exist_ok=True)
         if not (self.pki / "admin.crt").exists():
-            _make_pki(self.pki)
+            _make_pki(self.pki, self.address, self.node)
         if self.die_with_parent:
             atexit.register(self._kill_procs)
         last: Exception | None = None
@@ -551,8 +571,8 @@ class ControlPlane:
         p = self._popen([
             str(apiserver),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={certdir}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -563,9 +583,9 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
+            *(self._node_args() if self.node else
+              ["--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none"]),
         ], "kube-apiserver.log")
         self.apiserver_pid = p.pid
         ctx = self.ssl_context()
@@ -586,6 +606,25 @@ class ControlPlane:
             time.sleep(0.25)
         raise RuntimeError(f"kube-apiserver not ready after {self.start_timeout:.0f}s ({last}):\n"
                            f"{self._log_tail('kube-apiserver.log')}")
+
+    def _node_args(self) -> list[str]:
+        pki = self.pki
+        return [
+            # Webhook Services are called at their endpoint IPs: the API
+            # server runs on the host, outside the Service network.
+            "--enable-aggregator-routing=true",
+            # The node's name is not in any DNS; exec/logs/port-forward dial its IP.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        ]
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
@@ -623,6 +662,8 @@ class ControlPlane:
                                "version": K8S_VERSION},
             "kubeconfig": str(self.kubeconfig),
             "state_dir": str(self.dir),
+            "node": self.node,
+            "address": self.address,
         }
         self.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
@@ -636,7 +677,8 @@ class ControlPlane:
         return cls(state_dir=Path(state_dir), die_with_parent=False,
                    etcd_port=s["etcd"]["port"], etcd_peer_port=s["etcd"]["peer_port"],
                    apiserver_port=s["kube-apiserver"]["port"],
-                   etcd_pid=s["etcd"]["pid"], apiserver_pid=s["kube-apiserver"]["pid"])
+                   etcd_pid=s["etcd"]["pid"], apiserver_pid=s["kube-apiserver"]["pid"],
+                   node=s.get("node", False), address=s.get("address", "127.0.0.1"))
 
     def running(self) -> dict[str, bool]:
         return {
