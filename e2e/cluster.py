@@ -984,9 +984,10 @@ def status() -> tuple[bool, str]:
 
 
 USAGE = """usage: e2e/cluster COMMAND
-  build    install missing host packages, build the node's binaries and the pause image
+  build    install missing host packages, build the node's binaries, the pause image,
+           the base image and shardlease:dev (all cached)
   up       start the node (building what is missing); prints `export KUBECONFIG=...`
-  image    build shardlease:dev from the Dockerfile and load it into the node
+  image    build shardlease:dev from the Dockerfile and load it into the node (if up)
   down     stop everything and undo the host changes (also stops a dockerd it started)
   status   what runs
 cache: $SHARDLEASE_CACHE (default ~/.cache/shardlease)"""
@@ -1002,12 +1003,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "build":
             t0 = time.monotonic()
             build()
-            print(f"node binaries and pause image ready; {time.monotonic() - t0:.1f}s")
+            image(load=False)
+            print(f"node binaries and images ready; {time.monotonic() - t0:.1f}s")
         elif cmd == "up":
             path = up()
             print(f"export KUBECONFIG={path}")
         elif cmd == "image":
-            print(image())
+            running = _alive(_load_state(), "containerd")
+            print(image(load=running))
+            if not running:
+                _log("the node is not running: built, not loaded (`up` first)")
         elif cmd == "down":
             ran = down()
             docker = stop_docker()
