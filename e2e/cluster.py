@@ -643,7 +643,7 @@ def _up() -> None:
                state)
     _wait("containerd", _containerd_answers, 60, p, "containerd")
     if PAUSE_IMAGE not in _ctr("images", "ls", "-q").split():
-        _ctr("images", "import", "--no-unpack", str(pause_archive()))
+        _ctr("images", "import", str(pause_archive()))
 
     # etcd + kube-apiserver, started for a node
     plane = cp.ControlPlane(state_dir=_d("controlplane"), die_with_parent=False,
@@ -817,18 +817,25 @@ def _docker_env() -> dict:
     return dict(os.environ, DOCKER_HOST="unix:///var/run/docker.sock")
 
 
+def _docker_cli() -> str:
+    # Debian's client matches Debian's engine; another `docker` on PATH may not.
+    return "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
+
+
 def _docker(*args: str, check: bool = True, input: bytes | None = None,
             timeout: float = 1800) -> subprocess.CompletedProcess:
-    # Debian's client matches Debian's engine; another `docker` on PATH may not.
-    docker = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
-    return _run([docker, *args], check=check, input=input, timeout=timeout, env=_docker_env())
+    return _run([_docker_cli(), *args], check=check, input=input, timeout=timeout,
+                env=_docker_env())
 
 
-def ensure_docker() -> None:
-    """Start dockerd if none answers. It is started without its own iptables
+@contextlib.contextmanager
+def docker_engine():
+    """A Docker engine for the duration: the running one, or a dockerd
+    started here and stopped at the end. It is started without iptables
     rules, bridge or ip_forward change: builds use the host network."""
     ensure_packages(IMAGE_PACKAGES)
     if _docker("info", check=False, timeout=30).returncode == 0:
+        yield
         return
     _log("starting dockerd")
     logs = cp.cache_dir() / "dockerd.log"
@@ -838,12 +845,18 @@ def ensure_docker() -> None:
                              stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                              start_new_session=True)
     (cp.cache_dir() / "dockerd.pid").write_text(f"{p.pid}\n")
-    _wait("dockerd", lambda: _docker("info", check=False, timeout=10).returncode == 0, 90, p,
-          None)
+    try:
+        _wait("dockerd", lambda: _docker("info", check=False, timeout=10).returncode == 0,
+              90, p, None)
+        yield
+    finally:
+        stop_docker()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
 
 
 def stop_docker() -> bool:
-    """Stop the dockerd that ensure_docker started (never another)."""
+    """Stop a dockerd that docker_engine started (never another)."""
     f = cp.cache_dir() / "dockerd.pid"
     if not f.exists():
         return False
@@ -901,8 +914,7 @@ def base_image() -> str:
             os.replace(tmp, tarball)
         _log(f"debootstrap done in {time.monotonic() - t0:.0f}s")
     with open(tarball, "rb") as f:
-        docker = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
-        p = subprocess.run([docker, "import",
+        p = subprocess.run([_docker_cli(), "import",
                             "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
                                         "/usr/bin:/sbin:/bin",
                             "--change", "ENV LANG=C.UTF-8",
@@ -915,42 +927,44 @@ def base_image() -> str:
 
 def image(load: bool = True) -> str:
     """Build shardlease:dev from the Dockerfile on the local base image and,
-    if `load`, import it into the node's containerd unless already there."""
+    if `load`, import it into the node's containerd unless already there.
+    Returns the image ID."""
     root = Path(__file__).resolve().parents[1]
-    with cp._file_lock("image.lock"):
-        ensure_docker()
+    with cp._file_lock("image.lock"), docker_engine():
         base = base_image()
         t0 = time.monotonic()
-        p = _run(["/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker",
-                  "build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}",
-                  "-t", IMAGE, str(root)], check=False, timeout=1800,
-                 env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
+        # The classic builder: BuildKit is not part of Debian's engine.
+        p = _run([_docker_cli(), "build", "--network", "host",
+                  "--build-arg", f"PYTHON_IMAGE={base}", "-t", IMAGE, str(root)],
+                 check=False, timeout=1800, env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
         if p.returncode != 0:
             raise ClusterError(f"docker build failed:\n{p.stdout.decode()[-4000:]}"
                                f"{p.stderr.decode()[-2000:]}")
         image_id = _docker("image", "inspect", "-f", "{{.Id}}", IMAGE).stdout.decode().strip()
         _log(f"docker build {IMAGE} ({image_id[:19]}) in {time.monotonic() - t0:.1f}s")
-    if load:
-        with cp._file_lock("cluster.lock"):
-            if not _alive(_load_state(), "containerd"):
-                raise ClusterError("the node is not running: `e2e/cluster up` first")
-            if _ctr_image_config(IMAGE_REF) == image_id:
-                return image_id
-            t0 = time.monotonic()
-            save = subprocess.Popen(
-                ["/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker",
-                 "save", IMAGE], stdout=subprocess.PIPE, env=_docker_env())
-            imp = subprocess.run(["ctr", "-a", str(containerd_sock()), "-n", NS, "images",
-                                  "import", "-"], stdin=save.stdout, capture_output=True,
-                                 timeout=900)
-            save.wait()
-            if save.returncode != 0 or imp.returncode != 0:
-                raise ClusterError(f"image import failed: {imp.stderr.decode()[-2000:]}")
-            got = _ctr_image_config(IMAGE_REF)
-            if got != image_id:
-                raise ClusterError(f"imported {IMAGE_REF} has id {got}, expected {image_id}")
-            _log(f"imported {IMAGE} into the node in {time.monotonic() - t0:.1f}s")
+        if load:
+            with cp._file_lock("cluster.lock"):
+                _load_image(image_id)
     return image_id
+
+
+def _load_image(image_id: str) -> None:
+    if not _alive(_load_state(), "containerd"):
+        raise ClusterError("the node is not running: `e2e/cluster up` first")
+    if _ctr_image_config(IMAGE_REF) == image_id:
+        return
+    t0 = time.monotonic()
+    save = subprocess.Popen([_docker_cli(), "save", IMAGE], stdout=subprocess.PIPE,
+                            env=_docker_env())
+    imp = subprocess.run(["ctr", "-a", str(containerd_sock()), "-n", NS, "images", "import",
+                          "-"], stdin=save.stdout, capture_output=True, timeout=900)
+    save.wait()
+    if save.returncode != 0 or imp.returncode != 0:
+        raise ClusterError(f"image import failed: {imp.stderr.decode()[-2000:]}")
+    got = _ctr_image_config(IMAGE_REF)
+    if got != image_id:
+        raise ClusterError(f"imported {IMAGE_REF} has id {got}, expected {image_id}")
+    _log(f"imported {IMAGE} into the node in {time.monotonic() - t0:.1f}s")
 
 
 # ---------------------------------------------------------------------------
