@@ -889,39 +889,79 @@ def _debian_mirror() -> str:
                        "set SHARDLEASE_DEBIAN_MIRROR")
 
 
-def base_image() -> str:
-    """A Debian bookworm image with Debian's Python 3.11 (python3, venv, pip),
-    made with debootstrap since no image can be pulled. The root filesystem
-    tarball is cached in images_dir(); the docker image is re-imported from it
-    when missing."""
-    if _docker("image", "inspect", BASE_IMAGE, check=False).returncode == 0:
-        return BASE_IMAGE
+ROOTFS_IMAGE = "shardlease-base/bookworm-rootfs:latest"
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+
+def _host_cas() -> tuple[list[Path], str]:
+    """The CA certificates the host's admin added to its trust store, and a
+    digest of them."""
+    cas = sorted(HOST_CA_DIR.rglob("*.crt")) if HOST_CA_DIR.is_dir() else []
+    h = hashlib.sha256()
+    for c in cas:
+        h.update(c.name.encode() + b"\0" + c.read_bytes())
+    return cas, h.hexdigest()[:16]
+
+
+def _rootfs_tarball() -> Path:
+    """Debian bookworm (minbase) with Debian's Python 3.11: python3, venv,
+    pip. Made with debootstrap, since no image can be pulled; cached."""
     tarball = images_dir() / "bookworm-python3.tar"
-    if not tarball.exists():
-        images_dir().mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        _log("debootstrap bookworm (minbase + python3) ...")
-        with tempfile.TemporaryDirectory(dir=images_dir()) as d:
-            root = Path(d) / "rootfs"
-            _run(["debootstrap", "--variant=minbase",
-                  "--include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates",
-                  "bookworm", str(root), _debian_mirror()], timeout=1800)
-            for junk in ("var/lib/apt/lists", "var/cache/apt/archives", "var/log"):
-                for p in (root / junk).glob("*"):
-                    _rm(p)
-            tmp = Path(d) / "rootfs.tar"
-            _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."], timeout=900)
-            os.replace(tmp, tarball)
-        _log(f"debootstrap done in {time.monotonic() - t0:.0f}s")
-    with open(tarball, "rb") as f:
-        p = subprocess.run([_docker_cli(), "import",
-                            "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                                        "/usr/bin:/sbin:/bin",
-                            "--change", "ENV LANG=C.UTF-8",
-                            "--change", 'CMD ["python3"]', "-", BASE_IMAGE],
-                           stdin=f, capture_output=True, env=_docker_env(), timeout=900)
-    if p.returncode != 0:
-        raise ClusterError(f"docker import failed: {p.stderr.decode()[-2000:]}")
+    if tarball.exists():
+        return tarball
+    images_dir().mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _log("debootstrap bookworm (minbase + python3) ...")
+    with tempfile.TemporaryDirectory(dir=images_dir()) as d:
+        root = Path(d) / "rootfs"
+        _run(["debootstrap", "--variant=minbase",
+              "--include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates",
+              "bookworm", str(root), _debian_mirror()], timeout=1800)
+        for junk in ("var/lib/apt/lists", "var/cache/apt/archives", "var/log"):
+            for p in (root / junk).glob("*"):
+                _rm(p)
+        tmp = Path(d) / "rootfs.tar"
+        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."], timeout=900)
+        os.replace(tmp, tarball)
+    _log(f"debootstrap done in {time.monotonic() - t0:.0f}s")
+    return tarball
+
+
+def base_image() -> str:
+    """The Python base image the Dockerfile is built on here: the debootstrap
+    root filesystem, trusting the CAs the host trusts (pip inside the build
+    goes through the same network as the host's). Rebuilt only when missing
+    or when the host's CAs changed."""
+    cas, digest = _host_cas()
+    label = "io.shardlease.host-ca"
+    p = _docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}',
+                BASE_IMAGE, check=False)
+    if p.returncode == 0 and p.stdout.decode().strip() == digest:
+        return BASE_IMAGE
+    if _docker("image", "inspect", ROOTFS_IMAGE, check=False).returncode != 0:
+        with open(_rootfs_tarball(), "rb") as f:
+            p = subprocess.run([_docker_cli(), "import",
+                                "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                                            "/usr/bin:/sbin:/bin",
+                                "--change", "ENV LANG=C.UTF-8",
+                                "--change", 'CMD ["python3"]', "-", ROOTFS_IMAGE],
+                               stdin=f, capture_output=True, env=_docker_env(), timeout=900)
+        if p.returncode != 0:
+            raise ClusterError(f"docker import failed: {p.stderr.decode()[-2000:]}")
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "ca").mkdir()
+        for c in cas:
+            shutil.copy(c, Path(d) / "ca" / c.name)
+        (Path(d) / "Dockerfile").write_text(
+            f"FROM {ROOTFS_IMAGE}\n"
+            "COPY ca/ /usr/local/share/ca-certificates/\n"
+            "RUN update-ca-certificates\n"
+            f"LABEL {label}={digest}\n")
+        p = _run([_docker_cli(), "build", "-t", BASE_IMAGE, d], check=False, timeout=600,
+                 env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
+        if p.returncode != 0:
+            raise ClusterError(f"base image build failed:\n{p.stdout.decode()[-3000:]}"
+                               f"{p.stderr.decode()[-2000:]}")
     return BASE_IMAGE
 
 
