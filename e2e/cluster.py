@@ -207,15 +207,18 @@ def _ours(chain: str) -> bool:
     return chain.startswith(("KUBE-", "CNI-"))
 
 
-def _iptables_cleanup(keep: dict[str, list[str]]) -> None:
+def _iptables_cleanup(keep: dict[str, list[str]] | None) -> None:
     """Remove the rules we tagged, the KUBE-*/CNI-* chains that were not on
     the host before (kube-proxy, the kubelet and the CNI plugins add them),
-    and the rules of other chains that jump to those."""
+    and the rules of other chains that jump to those. keep=None: only the
+    tagged rules."""
     for table in ("filter", "nat", "mangle"):
         rules = _run(["iptables", "-t", table, "-S"], check=False).stdout.decode().splitlines()
-        kept = set(keep.get(table, []))
-        added = {ln.split()[1] for ln in rules if ln.startswith("-N ") and _ours(ln.split()[1])
-                 and ln.split()[1] not in kept}
+        added = set()
+        if keep is not None:
+            kept = set(keep.get(table, []))
+            added = {ln.split()[1] for ln in rules if ln.startswith("-N ")
+                     and _ours(ln.split()[1]) and ln.split()[1] not in kept}
         for ln in rules:
             if not ln.startswith("-A "):
                 continue
@@ -762,7 +765,7 @@ def _teardown() -> None:
     if containerd_pid and cp._alive(containerd_pid):
         _reset_runtime()
     _stop_pid(containerd_pid, "containerd")
-    for pid in _procs_matching(str(containerd_sock())):
+    for pid in _procs_matching(str(_d("containerd", "config.toml"))):
         if cp._cmdline(pid).split()[0].endswith("containerd"):
             cp._terminate(pid, mine, timeout=20)
     plane = cp.ControlPlane.load(_d("controlplane"))
@@ -779,7 +782,9 @@ def _teardown() -> None:
     baseline: dict = {}
     with contextlib.suppress(OSError, ValueError):
         baseline = json.loads(_baseline_file().read_text())
-    _iptables_cleanup(baseline.get("iptables_chains", {}))
+    # No baseline: `up` changed nothing yet (it records one first), so only
+    # our own tagged rules can be there.
+    _iptables_cleanup(baseline.get("iptables_chains"))
     _umount_all(cluster_dir())
     if not baseline.get("bridge") and Path(f"/sys/class/net/{BRIDGE}").exists():
         _run(["ip", "link", "delete", BRIDGE], check=False)
