@@ -70,7 +70,7 @@ IMAGE_PACKAGES = {"dockerd": "docker.io", "/usr/bin/docker": "docker.io",
                   "debootstrap": "debootstrap"}
 
 COMPONENTS = ("containerd", "kube-controller-manager", "kube-scheduler", "kubelet",
-              "kube-proxy")
+              "kube-proxy", "coredns")
 
 
 class ClusterError(RuntimeError):
@@ -394,10 +394,30 @@ def _kubelet_config(ports: dict[str, int], pki: Path) -> str:
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "podLogsDir": str(k / "pod-logs"),
         "resolvConf": "/etc/resolv.conf",
+        "clusterDNS": [NODE_IP], "clusterDomain": "cluster.local",
         "podCIDR": NODE_POD_CIDR,
         "serializeImagePulls": False,
         "registerNode": True,
     }, indent=2) + "\n"
+
+
+def _corefile() -> str:
+    # Cluster names only: no `forward`, since nothing outside is reachable.
+    return f"""cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {NODE_IP}
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig_path()} shardlease
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 30
+}}
+.:53 {{
+    bind {NODE_IP}
+    errors
+}}
+"""
 
 
 def _kube_proxy_config(ports: dict[str, int]) -> str:
@@ -577,6 +597,20 @@ def _node_ready(plane: cp.ControlPlane) -> bool:
                for c in node.get("status", {}).get("conditions", []))
 
 
+def _dns_answers(name: str) -> bool:
+    """One A query to the node's DNS: answered with at least one record?"""
+    import socket
+    import struct
+    qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    query = struct.pack(">HHHHHH", 0x5348, 0x0100, 1, 0, 0, 0) + qname + struct.pack(">HH", 1, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(2)
+        s.sendto(query, (NODE_IP, 53))
+        reply = s.recv(2048)
+    _id, flags, _qd, ancount = struct.unpack(">HHHH", reply[:8])
+    return _id == 0x5348 and flags & 0xF == 0 and ancount > 0
+
+
 def healthy() -> bool:
     """Every process of the node runs and the node is Ready."""
     state = _load_state()
@@ -688,6 +722,11 @@ def _up() -> None:
     ], state)
     _d("kube-proxy.json").write_text(_kube_proxy_config(ports))
     _spawn("kube-proxy", [str(bins["kube-proxy"]), f"--config={_d('kube-proxy.json')}"], state)
+    # DNS as a host process on the node address (the kubelet's clusterDNS):
+    # no image to build, and pods reach the node address directly.
+    _d("coredns").mkdir(exist_ok=True)
+    _d("coredns", "Corefile").write_text(_corefile())
+    _spawn("coredns", [str(bins["coredns"]), "-conf", str(_d("coredns", "Corefile"))], state)
 
     _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(plane), 180, kubelet, "kubelet")
     # Pods are refused until the ServiceAccount controller made `default`.
@@ -696,6 +735,8 @@ def _up() -> None:
           120, None, "kube-controller-manager")
     _wait("endpoints of the kubernetes Service", lambda: _api_get(
         plane, "/api/v1/namespaces/default/endpoints/kubernetes").get("subsets"), 60)
+    _wait("DNS for kubernetes.default.svc.cluster.local",
+          lambda: _dns_answers("kubernetes.default.svc.cluster.local"), 60, None, "coredns")
     for name in COMPONENTS:
         if not _alive(state, name):
             raise ClusterError(f"{name} died during start:\n{_log_tail(name)}")
@@ -740,14 +781,15 @@ def _teardown() -> None:
     state = _load_state()
     pids = state.get("pids", {})
     mine = str(cluster_dir())
-    for name in ("kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet"):
+    for name in ("kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet",
+                 "coredns"):
         _stop_pid(pids.get(name), name)
     # A run killed before it saved a pid: find its processes by their paths.
     # Shims are left to containerd (killing them would orphan the pods).
     for pid in _procs_matching(mine):
         cmd = cp._cmdline(pid)
         name = os.path.basename(cmd.split()[0]) if cmd else ""
-        if name.startswith(("kube", "etcd")):
+        if name.startswith(("kube", "etcd", "coredns")):
             cp._terminate(pid, mine, timeout=20)
     shims = [p for p in _procs_matching(str(containerd_sock())) if "shim" in cp._cmdline(p)]
     containerd_pid = pids.get("containerd")

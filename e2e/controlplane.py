@@ -47,12 +47,16 @@ HELM_VERSION = "v3.22.0"
 # default branch; it declares `go 1.24.0`.
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
+# Cluster DNS for the real node (e2e/cluster); declares `go 1.24`.
+COREDNS_VERSION = "v1.15.0"
+
 K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
 
 BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm", "minio")
 # What a real node adds (e2e/cluster); built only when asked for, so the
 # envtest-style control plane costs no more than before.
-NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy",
+                 "coredns")
 ALL_BINARIES = BINARIES + NODE_BINARIES
 
 
@@ -74,7 +78,8 @@ def versions() -> dict[str, str]:
         "kubectl": K8S_VERSION,
         "helm": HELM_VERSION,
         "minio": MINIO_VERSION,
-        **{n: K8S_VERSION for n in NODE_BINARIES},
+        **{n: K8S_VERSION for n in NODE_BINARIES if n.startswith("kube")},
+        "coredns": COREDNS_VERSION,
     }
 
 
@@ -287,7 +292,9 @@ _BUILDERS = {
     "minio": lambda log: _build_minio(log),
     # Same wrapper module as kube-apiserver: most packages are shared, so
     # these reuse its compiled objects from the Go build cache.
-    **{n: (lambda log, n=n: _build_k8s(n, log)) for n in NODE_BINARIES},
+    **{n: (lambda log, n=n: _build_k8s(n, log)) for n in NODE_BINARIES if n.startswith("kube")},
+    "coredns": lambda log: _go_install("coredns", f"github.com/coredns/coredns@{COREDNS_VERSION}",
+                                       "-s -w", log),
 }
 
 

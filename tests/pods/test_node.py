@@ -30,12 +30,15 @@ while True:
 """
 
 # Run inside a pod: GET /version and POST a SelfSubjectReview through the
-# `kubernetes` Service, authenticated by the pod's ServiceAccount token.
+# `kubernetes` Service (found by its DNS name), authenticated by the pod's
+# ServiceAccount token and verifying the API server with the mounted CA.
 WHOAMI = r"""
 import json, os, ssl, urllib.request
+import socket
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
-base = "https://%s:%s" % (os.environ["KUBERNETES_SERVICE_HOST"],
-                          os.environ["KUBERNETES_SERVICE_PORT"])
+# by name, through the cluster DNS, to the Service's ClusterIP
+base = "https://kubernetes.default.svc:443"
+resolved = socket.gethostbyname("kubernetes.default.svc")
 ctx = ssl.create_default_context(cafile=sa + "/ca.crt")
 hdr = {"Authorization": "Bearer " + open(sa + "/token").read().strip(),
        "Content-Type": "application/json"}
@@ -47,7 +50,8 @@ def call(path, body=None):
 version = call("/version")
 review = call("/apis/authentication.k8s.io/v1/selfsubjectreviews",
               {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-print(json.dumps({"host": base, "version": version["gitVersion"],
+print(json.dumps({"resolved": resolved, "env_host": os.environ["KUBERNETES_SERVICE_HOST"],
+                  "version": version["gitVersion"],
                   "user": review["status"]["userInfo"]["username"]}))
 """
 
@@ -136,9 +140,10 @@ def test_pod_reaches_api_server_with_its_service_account(cluster, smoke):
     got = json.loads(out.strip().splitlines()[-1])
     assert got["version"] == clmod.cp.K8S_VERSION
     assert got["user"] == f"system:serviceaccount:{smoke}:default"
-    # the `kubernetes` Service's ClusterIP, DNATed by kube-proxy to the node IP
+    # the `kubernetes` Service's ClusterIP (DNATed by kube-proxy to the node
+    # address), by DNS as by the environment the kubelet injects
     svc = cluster.get("-n", "default", "service", "kubernetes")
-    assert got["host"] == f"https://{svc['spec']['clusterIP']}:443"
+    assert got["resolved"] == got["env_host"] == svc["spec"]["clusterIP"]
 
 
 def test_deleted_pod_is_recreated_and_ready(cluster, smoke):
