@@ -758,7 +758,10 @@ def down() -> bool:
 
 def _stop_pid(pid: int | None, expect: str) -> None:
     if pid:
+        t0 = time.monotonic()
         cp._terminate(pid, expect, timeout=20)
+        if time.monotonic() - t0 > 3:
+            _log(f"{expect} took {time.monotonic() - t0:.0f}s to stop")
 
 
 def _reset_runtime() -> None:
@@ -789,7 +792,8 @@ def _teardown() -> None:
     for pid in _procs_matching(mine):
         cmd = cp._cmdline(pid)
         name = os.path.basename(cmd.split()[0]) if cmd else ""
-        if name.startswith(("kube", "etcd", "coredns")):
+        # etcd and the API server go last (below), the API server first
+        if name.startswith(("kube", "coredns")) and not name.startswith("kube-apiserver"):
             cp._terminate(pid, mine, timeout=20)
     shims = [p for p in _procs_matching(str(containerd_sock())) if "shim" in cp._cmdline(p)]
     containerd_pid = pids.get("containerd")
@@ -813,10 +817,10 @@ def _teardown() -> None:
     plane = cp.ControlPlane.load(_d("controlplane"))
     if plane is not None:
         plane.stop(remove=False)
-    for pid in _procs_matching(mine):
-        cmd = cp._cmdline(pid)
-        if cmd.split()[0].rsplit("/", 1)[-1].startswith(("etcd", "kube-apiserver")):
-            cp._terminate(pid, mine, timeout=20)
+    for prefix in ("kube-apiserver", "etcd"):
+        for pid in _procs_matching(mine):
+            if cp._cmdline(pid).split()[0].rsplit("/", 1)[-1].startswith(prefix):
+                cp._terminate(pid, mine, timeout=20)
 
     proxy = cp.binary_path("kube-proxy")
     if proxy.exists():
