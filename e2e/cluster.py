@@ -767,17 +767,27 @@ def _stop_pid(pid: int | None, expect: str) -> None:
 def _reset_runtime() -> None:
     """Kill every container of the node's containerd and delete them, so no
     pod process outlives the node."""
-    for tid in _ctr("tasks", "ls", "-q", check=False, timeout=30).split():
+    t0 = time.monotonic()
+    tasks = _ctr("tasks", "ls", "-q", check=False, timeout=30).split()
+    for tid in tasks:
         _ctr("tasks", "kill", "-a", "-s", "SIGKILL", tid, check=False, timeout=30)
-    deadline = time.monotonic() + 20
-    for tid in _ctr("tasks", "ls", "-q", check=False, timeout=30).split():
-        while time.monotonic() < deadline:
-            if _run(["ctr", "-a", str(containerd_sock()), "-n", NS, "tasks", "delete", tid],
-                    check=False, timeout=30).returncode == 0:
-                break
-            time.sleep(0.3)
-    for cid in _ctr("containers", "ls", "-q", check=False, timeout=30).split():
+    for tid in tasks:
+        _ctr("tasks", "delete", "--force", tid, check=False, timeout=30)
+    containers = _ctr("containers", "ls", "-q", check=False, timeout=30).split()
+    for cid in containers:
         _ctr("containers", "delete", cid, check=False, timeout=30)
+    if tasks or containers:
+        _log(f"killed {len(tasks)} tasks, deleted {len(containers)} containers "
+             f"in {time.monotonic() - t0:.1f}s")
+
+
+def _stop_strays(names: tuple[str, ...]) -> None:
+    """Stop processes of these cached binaries that run with our state dir."""
+    binaries = {str(cp.binary_path(n)) for n in names}
+    for pid in _procs_matching(str(cluster_dir())):
+        cmd = cp._cmdline(pid)
+        if cmd and cmd.split()[0] in binaries:
+            cp._terminate(pid, str(cluster_dir()), timeout=20)
 
 
 def _teardown() -> None:
@@ -789,17 +799,18 @@ def _teardown() -> None:
         _stop_pid(pids.get(name), name)
     # A run killed before it saved a pid: find its processes by their paths.
     # Shims are left to containerd (killing them would orphan the pods).
-    for pid in _procs_matching(mine):
-        cmd = cp._cmdline(pid)
-        name = os.path.basename(cmd.split()[0]) if cmd else ""
-        # etcd and the API server go last (below), the API server first
-        if name.startswith(("kube", "coredns")) and not name.startswith("kube-apiserver"):
-            cp._terminate(pid, mine, timeout=20)
+    # Only our own binaries: a user's `kubectl --kubeconfig <ours>` stays.
+    # etcd and the API server go last (below), the API server first.
+    _stop_strays(cp.NODE_BINARIES)
     shims = [p for p in _procs_matching(str(containerd_sock())) if "shim" in cp._cmdline(p)]
     containerd_pid = pids.get("containerd")
+    if not (containerd_pid and cp._alive(containerd_pid)
+            and "containerd" in cp._cmdline(containerd_pid)):
+        # its pid may be lost with the state file: find it by its config
+        containerd_pid = next((p for p in _procs_matching(str(_d("containerd", "config.toml")))
+                               if cp._cmdline(p).split()[0].endswith("containerd")), None)
     started_here = None
-    if shims and not (containerd_pid and cp._alive(containerd_pid)
-                      and "containerd" in cp._cmdline(containerd_pid)):
+    if shims and containerd_pid is None:
         # Containers still run from an earlier containerd: start one to kill them.
         _d("containerd", "config.toml").parent.mkdir(parents=True, exist_ok=True)
         if _d("containerd", "config.toml").exists():
@@ -817,10 +828,8 @@ def _teardown() -> None:
     plane = cp.ControlPlane.load(_d("controlplane"))
     if plane is not None:
         plane.stop(remove=False)
-    for prefix in ("kube-apiserver", "etcd"):
-        for pid in _procs_matching(mine):
-            if cp._cmdline(pid).split()[0].rsplit("/", 1)[-1].startswith(prefix):
-                cp._terminate(pid, mine, timeout=20)
+    _stop_strays(("kube-apiserver",))
+    _stop_strays(("etcd",))
 
     proxy = cp.binary_path("kube-proxy")
     if proxy.exists():
