@@ -47,9 +47,17 @@ HELM_VERSION = "v3.22.0"
 # default branch; it declares `go 1.24.0`.
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
+# Cluster DNS for the real node (e2e/cluster); declares `go 1.24`.
+COREDNS_VERSION = "v1.15.0"
+
 K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
 
 BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm", "minio")
+# What a real node adds (e2e/cluster); built only when asked for, so the
+# envtest-style control plane costs no more than before.
+NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy",
+                 "coredns")
+ALL_BINARIES = BINARIES + NODE_BINARIES
 
 
 def cache_dir() -> Path:
@@ -70,6 +78,8 @@ def versions() -> dict[str, str]:
         "kubectl": K8S_VERSION,
         "helm": HELM_VERSION,
         "minio": MINIO_VERSION,
+        **{n: K8S_VERSION for n in NODE_BINARIES if n.startswith("kube")},
+        "coredns": COREDNS_VERSION,
     }
 
 
@@ -212,8 +222,7 @@ def _k8s_ldflags() -> str:
 
 
 def _build_k8s(name: str, log: Path) -> None:
-    pkg = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-           "kubectl": "k8s.io/kubernetes/cmd/kubectl"}[name]
+    pkg = f"k8s.io/kubernetes/cmd/{name}"
     work = cache_dir() / "build" / f"kubernetes-{K8S_VERSION}"
     # Regenerated on every build (cheap): `-mod=mod` re-adds requirements.
     _wrapper_module(work, "kubernetes", "k8s.io/kubernetes", K8S_VERSION, _k8s_replaces())
@@ -281,6 +290,11 @@ _BUILDERS = {
     "kubectl": lambda log: _build_k8s("kubectl", log),
     "helm": lambda log: _build_helm(log),
     "minio": lambda log: _build_minio(log),
+    # Same wrapper module as kube-apiserver: most packages are shared, so
+    # these reuse its compiled objects from the Go build cache.
+    **{n: (lambda log, n=n: _build_k8s(n, log)) for n in NODE_BINARIES if n.startswith("kube")},
+    "coredns": lambda log: _go_install("coredns", f"github.com/coredns/coredns@{COREDNS_VERSION}",
+                                       "-s -w", log),
 }
 
 
@@ -305,7 +319,7 @@ def ensure_binaries(names: tuple[str, ...] | list[str] = BINARIES) -> dict[str, 
     names = list(names)
     for n in names:
         if n not in _BUILDERS:
-            raise ValueError(f"unknown binary {n!r}; known: {', '.join(BINARIES)}")
+            raise ValueError(f"unknown binary {n!r}; known: {', '.join(ALL_BINARIES)}")
     paths = {n: binary_path(n) for n in names}
     if all(p.exists() for p in paths.values()):
         return paths
@@ -344,23 +358,34 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed:\n{proc.stdout}")
 
 
-def _make_pki(d: Path) -> None:
-    """CA, apiserver serving cert (127.0.0.1/localhost), admin client cert in
-    system:masters, and the service-account signing key pair."""
+def _make_pki(d: Path, address: str = "127.0.0.1", node: bool = False) -> None:
+    """CA, apiserver serving cert (address, 127.0.0.1/localhost), admin client
+    cert in system:masters, and the service-account signing key pair. For a
+    node also a front-proxy CA and its client (what the controller manager
+    and scheduler need to authenticate delegated requests)."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
              "-out", "ca.crt", "-days", "3650", "-subj", "/CN=shardlease-test-ca", cwd=d)
+    extra_ip = f"IP:{address}," if address != "127.0.0.1" else ""
     (d / "serving.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        f"subjectAltName={extra_ip}IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        "DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
     (d / "client.ext").write_text(
         "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-    for name, subj, ext in (("apiserver", "/CN=kube-apiserver", "serving.ext"),
-                            ("admin", "/O=system:masters/CN=shardlease-admin", "client.ext")):
+    certs = [("apiserver", "/CN=kube-apiserver", "serving.ext", "ca"),
+             ("admin", "/O=system:masters/CN=shardlease-admin", "client.ext", "ca")]
+    if node:
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "front-proxy-ca.key",
+                 "-out", "front-proxy-ca.crt", "-days", "3650",
+                 "-subj", "/CN=shardlease-front-proxy-ca", cwd=d)
+        certs.append(("front-proxy-client", "/CN=front-proxy-client", "client.ext",
+                      "front-proxy-ca"))
+    for name, subj, ext, ca in certs:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", "-subj", subj, cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
                  "-CAcreateserial", "-out", f"{name}.crt", "-days", "3650",
                  "-extfile", ext, cwd=d)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
@@ -423,6 +448,13 @@ class ControlPlane:
     state_dir: where data, certs, logs and the kubeconfig live; a fresh temp
     dir if None. die_with_parent: the processes get SIGTERM when the creating
     process exits (what test fixtures want; the CLI turns it off).
+
+    node: start the API server for a real node (e2e/cluster) rather than
+    envtest style: it binds and advertises `address` (pods cannot reach
+    127.0.0.1 behind the Service DNAT), keeps the ServiceAccount admission
+    plugin and the endpoint reconciler on (so pods get tokens and the
+    `kubernetes` Service has endpoints), routes webhook calls to endpoint
+    IPs, and trusts a front-proxy CA.
     """
 
     state_dir: Path | None = None
@@ -433,6 +465,8 @@ class ControlPlane:
     apiserver_port: int = 0
     etcd_pid: int | None = None
     apiserver_pid: int | None = None
+    node: bool = False
+    address: str = "127.0.0.1"
     _procs: list = field(default_factory=list, repr=False)
     _owns_dir: bool = field(default=False, repr=False)
 
@@ -443,7 +477,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     @property
     def etcd_url(self) -> str:
@@ -470,7 +504,7 @@ class ControlPlane:
             self._owns_dir = True
         self.dir.mkdir(parents=True, exist_ok=True)
         if not (self.pki / "admin.crt").exists():
-            _make_pki(self.pki)
+            _make_pki(self.pki, self.address, self.node)
         if self.die_with_parent:
             atexit.register(self._kill_procs)
         last: Exception | None = None
@@ -544,8 +578,8 @@ class ControlPlane:
         p = self._popen([
             str(apiserver),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={certdir}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -556,9 +590,9 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
+            *(self._node_args() if self.node else
+              ["--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none"]),
         ], "kube-apiserver.log")
         self.apiserver_pid = p.pid
         ctx = self.ssl_context()
@@ -579,6 +613,25 @@ class ControlPlane:
             time.sleep(0.25)
         raise RuntimeError(f"kube-apiserver not ready after {self.start_timeout:.0f}s ({last}):\n"
                            f"{self._log_tail('kube-apiserver.log')}")
+
+    def _node_args(self) -> list[str]:
+        pki = self.pki
+        return [
+            # Webhook Services are called at their endpoint IPs: the API
+            # server runs on the host, outside the Service network.
+            "--enable-aggregator-routing=true",
+            # The node's name is not in any DNS; exec/logs/port-forward dial its IP.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        ]
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
@@ -616,6 +669,8 @@ class ControlPlane:
                                "version": K8S_VERSION},
             "kubeconfig": str(self.kubeconfig),
             "state_dir": str(self.dir),
+            "node": self.node,
+            "address": self.address,
         }
         self.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
@@ -629,7 +684,8 @@ class ControlPlane:
         return cls(state_dir=Path(state_dir), die_with_parent=False,
                    etcd_port=s["etcd"]["port"], etcd_peer_port=s["etcd"]["peer_port"],
                    apiserver_port=s["kube-apiserver"]["port"],
-                   etcd_pid=s["etcd"]["pid"], apiserver_pid=s["kube-apiserver"]["pid"])
+                   etcd_pid=s["etcd"]["pid"], apiserver_pid=s["kube-apiserver"]["pid"],
+                   node=s.get("node", False), address=s.get("address", "127.0.0.1"))
 
     def running(self) -> dict[str, bool]:
         return {
@@ -740,7 +796,7 @@ def _cmd_status(args: list[str]) -> int:
     cp = ControlPlane.load(default_state_dir())
     if cp is None:
         print("not running")
-        for n in BINARIES:
+        for n in ALL_BINARIES:
             state = "(cached)" if binary_path(n).exists() else "(missing)"
             print(f"binary {n}: {binary_path(n)} {state}")
         return 1
@@ -755,7 +811,8 @@ def _cmd_status(args: list[str]) -> int:
 
 
 USAGE = """usage: e2e/controlplane COMMAND
-  build [NAME...]  build missing binaries into the cache ({names})
+  build [NAME...]  build missing binaries into the cache (default: the first five of
+                   {names})
   up               build what is missing, start etcd + kube-apiserver on 127.0.0.1,
                    print `export KUBECONFIG=...`
   down             stop them and remove their data
@@ -767,7 +824,7 @@ cache: $SHARDLEASE_CACHE (default ~/.cache/shardlease)"""
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE.format(names=", ".join(BINARIES)))
+        print(USAGE.format(names=", ".join(ALL_BINARIES)))
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "path":
@@ -782,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {"build": _cmd_build, "up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
     if cmd not in handlers:
-        print(USAGE.format(names=", ".join(BINARIES)), file=sys.stderr)
+        print(USAGE.format(names=", ".join(ALL_BINARIES)), file=sys.stderr)
         return 2
     return handlers[cmd](rest)
 
