@@ -21,6 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from shardlease.routing import shard_for_key
+from shardlease.stores.kubernetes import lease_name
 
 from .conftest import cpmod
 from .scenario import (
@@ -265,7 +266,7 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         assert apps_by_pod[leaving].open == {}  # every shard closed before exit
         coord = client.CoordinationV1Api(api)
         for s in before:
-            lease = await coord.read_namespaced_lease(f"shardlease-db-{s}", namespace)
+            lease = await coord.read_namespaced_lease(lease_name("db", s), namespace)
             # Freed (no holder) or already taken by db-0: never left to expire.
             assert lease.spec.holder_identity in (None, "db-0")
         await core.delete_namespaced_pod(leaving, namespace, grace_period_seconds=0)

@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -270,7 +271,7 @@ class App:
             code, body = http("GET", f"http://{where['address']}:8080/kv/{key}")
             if code == 404:
                 return (None,)
-            return (body.decode(),) if code == 200 else None
+            return (json.loads(body)["value"],) if code == 200 else None
         return eventually(attempt, f"a read of {key}", 60)[0]
 
 
@@ -403,6 +404,15 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio) -> 
     table = cluster.kubectl("get", "shardsets", "-n", ns).stdout
     assert "shardapp" in table and "True" in table, table
     print(f"[pods] kubectl get shardsets:\n{table}")
+    # The plugin, as typed: kubectl finds kubectl-shardlease on PATH.
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    plugin = subprocess.run([cluster.kubectl_path, "shardlease", "owners", "shardapp", "-n", ns],
+                            env={**cluster.env(), "PATH": path}, capture_output=True, text=True,
+                            timeout=60)
+    assert plugin.returncode == 0, plugin.stderr
+    rows = [line.split() for line in plugin.stdout.splitlines()[1:SHARDS + 1]]
+    assert [int(r[0]) for r in rows] == list(range(SHARDS))
+    assert {r[1] for r in rows} == set(app.ready_pods()), plugin.stdout  # all live, none "*"
 
     # A drain without the pod's token, from the pod network, is refused.
     some_ip = next(iter(app.ready_pods().values()))

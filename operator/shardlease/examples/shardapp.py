@@ -17,7 +17,7 @@ generation already closed here: a slow open that arrives after its close).
 and serves its own API::
 
     PUT /kv/{key}    the request body (UTF-8 text) becomes the key's value
-    GET /kv/{key}    the value (404 if the key has no value)
+    GET /kv/{key}    {"key", "value", "shard", "generation"} (404 if the key has no value)
     GET /shards      the shards open here, their generations, counters
     GET /healthz
 

@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 from aiohttp import web
@@ -70,6 +71,7 @@ logger = logging.getLogger("shardlease.agent")
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0
+HOST_POLL = 0.5
 
 
 class LoopDied(ShardleaseError):
@@ -286,6 +288,8 @@ class Agent:
                         close_timeout=options.close_timeout)
         try:
             await store.check()
+            if not await self._host_listening(self.host_url or spec.host.url):
+                return  # stopping, or the ShardSet changed while we waited
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
                                  telemetry=self.telemetry)
             self.loop = loop
@@ -309,6 +313,33 @@ class Agent:
         finally:
             await store.aclose()
             await host.aclose()
+
+    async def _host_listening(self, url: str) -> bool:
+        """Wait until the application accepts connections at `url`: as a native
+        sidecar the agent starts before it, and every open sent meanwhile
+        would fail and leave the shard unowned. False if told to stop first."""
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        waited = False
+        while not self._stopping.is_set() and not self._changed.is_set():
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(parts.hostname, port), 2.0)
+            except (OSError, TimeoutError):
+                if not waited:
+                    logger.info("waiting for the application to listen at %s before "
+                                "taking shards", url)
+                    waited = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), HOST_POLL)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            if waited:
+                logger.info("the application listens at %s", url)
+            return True
+        return False
 
     # -- status ----------------------------------------------------------------
 
