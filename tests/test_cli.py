@@ -165,3 +165,20 @@ def test_python_dash_m_and_the_console_script_agree() -> None:
     assert by_module.stdout == by_script.stdout
     for command in ("node", "owners", "demo", "bench"):
         assert command in by_module.stdout
+
+
+def test_the_parser_needs_no_temporary_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent runs this parser in a container whose root filesystem is
+    read-only and has no /tmp: building it must touch no file (a real pod
+    crashed on tempfile.gettempdir() here)."""
+    import tempfile
+
+    from shardlease.cli import build_parser
+
+    def no_tmp() -> str:
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "gettempdir", no_tmp)
+    args = build_parser().parse_args(["agent", "--shardset", "db", "--namespace", "n",
+                                      "--name", "db-0"])
+    assert args.shardset == "db"

@@ -318,7 +318,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     view = args.output or ("table" if sys.stdout.isatty() else "json")
     demo = Demo(nodes=args.nodes, shards=args.shards, store_url=store_url, cluster=cluster,
                 workdir=workdir, ttl=args.lease_ttl, view=view, keep=args.keep)
-    svg = Path(args.svg) if args.svg else None
+    svg = Path(tempfile.gettempdir()) / "shardlease-demo-timeline.svg" if args.svg is None \
+        else Path(args.svg) if args.svg else None
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -397,9 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-o", "--output", choices=("table", "json"),
                       help="table: a live grid and a timeline (default on a terminal); "
                            "json: one line per change (default when piped)")
-    demo.add_argument("--svg", default=str(Path(tempfile.gettempdir()) /
-                                            "shardlease-demo-timeline.svg"),
-                      help="write the timeline as an SVG picture here ('' for none)")
+    # The default is resolved when the demo runs, never here: the agent's
+    # container has a read-only root filesystem and no temporary directory.
+    demo.add_argument("--svg", help="write the timeline as an SVG picture here ('' for none; "
+                                    "default: shardlease-demo-timeline.svg in the temporary "
+                                    "directory)")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="print failover, balance, request and CPU figures",
