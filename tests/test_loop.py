@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from shardlease.clock import LoopClock
-from shardlease.loop import PlacementLoop, RunnerDied
+from shardlease.errors import RunnerDied
+from shardlease.loop import PlacementLoop
 from shardlease.options import Options
 from shardlease.records import Lease, decode_heartbeat, stored_lease
 from shardlease.runner import State

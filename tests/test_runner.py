@@ -8,8 +8,10 @@ import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import pytest
+
 from shardlease.clock import LoopClock
-from shardlease.errors import HostError
+from shardlease.errors import EngineError, HostError, RunnerDied
 from shardlease.runner import CLOSE_RETRY_FIRST, FENCED_CLOSE_ATTEMPTS, Reason, Runner, State
 from shardlease.sim.fakes import StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
@@ -301,15 +303,11 @@ async def test_a_dead_worker_kills_the_runner_which_closes_every_shard() -> None
     h.runner.stop(0, Reason.RELEASE)
     await idle()
     assert h.task is not None and h.task.done()
-    assert isinstance(h.task.exception(), RuntimeError)
+    assert isinstance(h.task.exception(), RunnerDied)
     assert h.host.open_now == {0: 1} or h.host.open_now == {}
     assert 1 not in h.host.open_now and 2 not in h.host.open_now
-    try:
+    with pytest.raises(RunnerDied):
         h.runner.start(5, 1, 100.0)
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("a dead runner accepted a shard")
 
 
 @virtual
@@ -327,12 +325,9 @@ async def test_opened_event_carries_the_deadline() -> None:
 async def test_start_refuses_a_shard_already_in_the_runner() -> None:
     h = Harness().start()
     h.runner.start(0, 1, 100.0)
-    try:
+    with pytest.raises(EngineError, match="already in the runner") as refused:
         h.runner.start(0, 2, 100.0)
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("started twice")
+    assert not isinstance(refused.value, RunnerDied)
     await h.stop()
 
 

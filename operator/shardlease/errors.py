@@ -2,6 +2,21 @@
 
 Every error the package raises on purpose derives from `ShardleaseError`, so a
 caller can catch the domain with one clause and still tell the leaves apart.
+The branches say what a caller must do, not where the error came from:
+
+    ShardleaseError
+    ├── ConfigError       options or a URL that cannot work: fix and restart
+    ├── StoreError        a store call failed (unreachable, refused, timed out): transient
+    │   └── StoreUnsafe   the store ignores conditional writes: never run on it
+    ├── Conflict          an outcome, not a failure: a compare-and-swap lost
+    ├── CorruptRecord     bad data in the store: reported, never trusted
+    ├── HostError         the application failed to open or close a shard
+    └── EngineError       the placement engine itself cannot go on
+        └── RunnerDied    the runner stopped; the loop stopped with it
+
+`Conflict` and `CorruptRecord` sit outside `StoreError` on purpose: a retry
+loop written as `except StoreError` must neither retry a lost race (re-read
+and decide again instead) nor a record that will stay corrupt.
 """
 
 from __future__ import annotations
@@ -18,21 +33,9 @@ class ConfigError(ShardleaseError, ValueError):
 class StoreError(ShardleaseError):
     """A lease store call failed (unreachable, refused, timed out).
 
-    The loop treats it as transient: a failed renewal is retried after half an
-    interval, a failed read skips the claims of that round.
+    Transient: the loop retries renewals within their budget and skips the
+    claims of a round whose reads failed.
     """
-
-
-class Conflict(StoreError):
-    """A compare-and-swap lost: the record changed (or exists) since it was read.
-
-    Never retried blindly: the caller re-reads and decides again.
-    """
-
-
-class CorruptRecord(StoreError):
-    """A record in the store is not a valid lease or heartbeat (too big, not JSON,
-    wrong fields). Reported, and the shard is treated as held until it expires."""
 
 
 class StoreUnsafe(StoreError):
@@ -40,5 +43,30 @@ class StoreUnsafe(StoreError):
     nodes own one shard, so shardlease refuses to start."""
 
 
+class Conflict(ShardleaseError):
+    """A compare-and-swap lost: the record changed (or exists) since it was read.
+
+    An answer, not a failure: never retried blindly; the caller re-reads and
+    decides again.
+    """
+
+
+class CorruptRecord(ShardleaseError, ValueError):
+    """A record in the store is not a valid lease or heartbeat (too big, not JSON,
+    wrong fields). Reported, and the shard is treated as held until it expires."""
+
+
 class HostError(ShardleaseError):
     """The application host failed to open or close a shard."""
+
+
+class EngineError(ShardleaseError, RuntimeError):
+    """The placement engine (loop and runner) cannot go on, or was asked for
+    something it must refuse (a shard handed to the runner twice). A
+    `RuntimeError` too, for callers written before the hierarchy had it."""
+
+
+class RunnerDied(EngineError):
+    """The runner stopped (cancelled, or a shard worker failed): the loop stops
+    with it, after closing every shard it could. The agent should report
+    itself unhealthy and restart the loop or the pod."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from shardlease.clock import Clock, LoopClock
-from shardlease.errors import Conflict, StoreError
+from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
 from shardlease.records import Heartbeat, Lease, Stored, new_write_id
@@ -52,10 +52,6 @@ logger = logging.getLogger("shardlease.loop")
 
 #: Store writes in flight at once for renewals and claims.
 WRITE_CONCURRENCY = 32
-
-
-class RunnerDied(RuntimeError):
-    """The runner stopped; the loop stops with it (every shard is closed)."""
 
 
 @dataclass
@@ -462,7 +458,7 @@ class PlacementLoop:
         self._owners[shard] = Owner(shard, self.name, generation)
         try:
             self.runner.start(shard, generation, self._deadline(sent))
-        except RuntimeError as e:  # it ended while we claimed: the lease is freed on the way out
+        except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
             raise RunnerDied("the shard runner stopped") from e
         self.telemetry.emit(Claim(cluster=self.cluster, node=self.name, shard=shard,
                                   generation=generation))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shardlease.clock import Clock
+from shardlease.errors import EngineError, RunnerDied
 from shardlease.hosts.base import Host
 from shardlease.telemetry import Closed, DeadlineMoved, Opened, SelfFence, Telemetry
 
@@ -115,9 +116,9 @@ class Runner:
     def start(self, shard: int, generation: int, deadline: float) -> None:
         """Open a shard just claimed (asynchronously)."""
         if not self.running:
-            raise RuntimeError("the runner has stopped") from self._failed
+            raise RunnerDied("the runner has stopped") from self._failed
         if shard in self._shards:
-            raise RuntimeError(f"shard {shard} is already in the runner")
+            raise EngineError(f"shard {shard} is already in the runner")
         st = _Shard(shard, generation, deadline)
         self._shards[shard] = st
         st.task = asyncio.create_task(self._drive(st), name=f"shardlease-shard-{shard}")
@@ -162,7 +163,7 @@ class Runner:
             while True:
                 self._wake.clear()
                 if self._failed is not None:
-                    raise RuntimeError("a shard worker failed") from self._failed
+                    raise RunnerDied("a shard worker failed") from self._failed
                 now = self.clock.monotonic()
                 fenced = []
                 for st in self._shards.values():

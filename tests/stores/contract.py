@@ -261,9 +261,10 @@ class StoreContract:
             assert got is not None and got.version == versions[-1]
         assert len(set(versions)) == len(versions), versions
 
-    async def test_a_conflict_is_a_store_error(self) -> None:
-        # The loop treats StoreError as transient; a lost swap must be one too.
-        assert issubclass(Conflict, StoreError)
+    async def test_a_conflict_is_an_answer_not_a_store_error(self) -> None:
+        # The loop retries StoreError (transient); a lost swap must never be
+        # retried blindly, so `except StoreError` must not catch it.
+        assert not issubclass(Conflict, StoreError)
 
     # -- the safety rules -------------------------------------------------------------
 

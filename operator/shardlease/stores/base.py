@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import collections
 
-from shardlease.errors import StoreError
+from shardlease.errors import Conflict, StoreError
 from shardlease.records import Heartbeat, Lease, Stored
 
 #: The version prefix of a lease reported after it vanished (see the module doc).
@@ -169,7 +169,8 @@ class LeaseStore(abc.ABC):
                 written = await self.create_lease(lease)
             else:
                 written = await self.update_lease(lease, version)
-        except StoreError as first:
+        except (StoreError, Conflict) as first:
+            # A Conflict too: the retry of a write that had landed conflicts with it.
             try:
                 current = await self.get_lease(lease.cluster, lease.shard)
             except StoreError:
