@@ -15,7 +15,7 @@ from shardlease.errors import EngineError, HostError, RunnerDied
 from shardlease.runner import CLOSE_RETRY_FIRST, FENCED_CLOSE_ATTEMPTS, Reason, Runner, State
 from shardlease.sim.fakes import StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
-from shardlease.telemetry import Closed, Event, Opened, SelfFence, Telemetry
+from shardlease.telemetry import Closed, Event, Opened, RenewSlow, SelfFence, Telemetry
 
 
 def virtual(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -344,4 +344,32 @@ async def test_cancelling_the_runner_as_it_is_woken_still_stops_it() -> None:
     done, _ = await asyncio.wait({h.task}, timeout=10)
     assert done, "the runner ignored its cancellation"
     assert h.host.open_now == {}
+    await h.stop()
+
+
+@virtual
+async def test_a_shard_not_renewed_is_reported_before_its_fence_once_per_deadline() -> None:
+    h = Harness(warn_ahead=2.5).start()
+    h.runner.start(0, 1, deadline=10.0)
+    h.runner.start(1, 1, deadline=10.0)
+    await idle()
+    await asyncio.sleep(8)
+    h.runner.extend(1, 20.0)  # renewed at 8, shard 0 is not
+    await asyncio.sleep(13)
+    slow = [(t, ev.shards, ev.left) for t, ev in h.of(RenewSlow)]  # type: ignore[attr-defined]
+    assert slow == [(7.5, (0, 1), 2.5), (17.5, (1,), 2.5)]
+    fences = [(t, ev.shards) for t, ev in h.of(SelfFence)]  # type: ignore[attr-defined]
+    assert fences == [(10.0, (0,)), (20.0, (1,))]
+    await h.stop()
+
+
+@virtual
+async def test_a_deadline_already_close_is_reported_before_the_fence_at_the_same_instant() -> None:
+    h = Harness(warn_ahead=2.5).start()
+    h.runner.start(0, 1, deadline=1.0)
+    await idle()
+    await asyncio.sleep(2)
+    kinds = [type(ev).__name__ for _, ev in h.events
+             if isinstance(ev, RenewSlow | SelfFence)]
+    assert kinds == ["RenewSlow", "SelfFence"]
     await h.stop()

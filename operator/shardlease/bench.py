@@ -12,6 +12,11 @@
    memory, file, and S3 on moto's server when moto is installed. Requests are
    counted by the stores themselves (`LeaseStore.requests`: one per backend
    call, or per HTTP request for S3).
+3b. Ordinary faults, in the simulation: self-fences with a slow store (every
+   call but lease writes 3 intervals late; every call of one node 0.3 x TTL
+   late; 30% of one node's calls failing like a 503), rounds until a shard
+   one host refuses is open elsewhere and the store requests per interval
+   meanwhile, and the opens and closes of nodes started together.
 4. Loop CPU per round: process CPU time (time.process_time, every thread)
    over those same steady rounds, per node and round. The loops run in this
    process; moto runs in a child process so that its CPU is not counted.
@@ -167,6 +172,70 @@ def bench_rounds(quick: bool) -> None:
                 f"{_median(values)}, max {max(values, default=math.nan):g}{never}")
         say(f"  simulated failover time / TTL, {shards} shards: median {_median(recovery)}, "
             f"max {max(recovery, default=math.nan):.2f}; invariant violations: {problems}")
+    say()
+
+
+def bench_faults(quick: bool) -> None:
+    from shardlease.loop import preference
+    from shardlease.sim import LEASE_WRITES, STORE_CALLS, HostFault, StoreFault, run_scenario
+
+    seeds = range(2) if quick else range(6)
+    ttl, interval = 15.0, 5.0
+    at, until = 40.0, 110.0
+    say(f"== ordinary faults (simulation, lease TTL {ttl:g}s, {len(seeds)} seed(s)) ==")
+    slow = {
+        "every call but lease writes 3 intervals late (all nodes)":
+            (None, StoreFault(at, until, latency=3 * interval,
+                              calls=STORE_CALLS - LEASE_WRITES)),
+        "every call of one node 0.3 x TTL late": (
+            "n1", StoreFault(at, until, node="n1", latency=0.3 * ttl)),
+        "30% of one node's calls failing (503)": (
+            "n1", StoreFault(at, until, node="n1", error_rate=0.3)),
+    }
+    for label, (node, fault) in slow.items():
+        fenced = moved = problems = 0
+        for seed in seeds:
+            r = run_scenario(nodes=3, shards=64, seed=seed, faults=[fault])
+            problems += len(r.violations)
+            fenced += r.counts.get("self_fence", 0)
+            moved += sum(1 for ev in r.trace if ev.kind == "close_call" and at <= ev.t < until
+                         and node in (None, ev.node))
+        say(f"slow store, {label}: self-fences {fenced}, shards closed during the fault "
+            f"{moved} (3 nodes, 64 shards); invariant violations: {problems}")
+    for nodes, shards in ((2, 4), (4, 64)):
+        refused = max(range(shards), key=lambda s: preference("n1", s))
+        rounds: list[float] = []
+        per_interval: list[float] = []
+        normal: list[float] = []
+        never = problems = 0
+        for seed in seeds:
+            r = run_scenario(nodes=nodes, shards=shards, seed=seed, faults=[
+                HostFault(0, 150, node="n1", refuse=frozenset({refused}))])
+            clean = run_scenario(nodes=nodes, shards=shards, seed=seed, settle=150)
+            problems += len(r.violations) + len(clean.violations)
+            opened = [ev.t for ev in r.trace if ev.kind == "open_ok" and ev.shard == refused
+                      and ev.node != "n1"]
+            if opened:
+                rounds.append(math.ceil(opened[0] / interval))
+            else:
+                never += 1
+            span = (150 - interval) / interval
+            per_interval.append(r.requests_between("n1", interval, 150) / span)
+            normal.append(clean.requests_between("n1", interval, 150) / span)
+        missing = f", never in {never} run(s)" if never else ""
+        say(f"refusing host, {nodes} nodes, {shards} shards: rounds until the shard is open "
+            f"elsewhere: median {_median(rounds)}, max {max(rounds, default=math.nan):g}"
+            f"{missing}; requests per interval of the refusing node: median "
+            f"{_median(per_interval)} (fault-free {_median(normal)}); invariant violations: "
+            f"{problems}")
+    opens = closes = 0
+    for seed in seeds:
+        r = run_scenario(nodes=4, shards=64, seed=seed)
+        end = next(ev.t for ev in r.trace if ev.kind == "quiescent")
+        opens += sum(1 for ev in r.trace if ev.kind == "open_ok" and ev.t < end)
+        closes += sum(1 for ev in r.trace if ev.kind == "close_call" and ev.t < end)
+    say(f"simultaneous start, 4 nodes, 64 shards: {opens / len(seeds):g} opens, "
+        f"{closes / len(seeds):g} closes per start")
     say()
 
 
@@ -578,6 +647,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     say()
     bench_failover(args.quick)
     bench_rounds(args.quick)
+    bench_faults(args.quick)
     bench_requests(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return 0

@@ -1,14 +1,28 @@
-"""The placement loop: one node's rounds of heartbeat, renew, share, release, claim.
+"""The placement loop: one node's heartbeats, renewals and rounds of placement.
 
-Every `interval` (interval/2 after a failed renewal) a node:
+Three schedules, each its own task, so that nothing slow on one delays another:
 
-1. heartbeats;
-2. renews every lease it holds, and stops any shard whose lease it lost;
-3. computes its fair share, ceil(shards / live nodes);
-4. releases shards above its share: the runner closes the shard, and only
-   then is the lease freed, so the next owner opens a closed shard;
-5. reads every lease (this feeds `lookup`) and claims free or expired leases
-   up to its share, handing each to the runner with the lease's generation.
+- heartbeats: every `interval`, this node's heartbeat;
+- renewals: every `interval` (interval/2 after a failure), renew every lease
+  the node holds, or free it once the runner closed its shard. Renewals never
+  wait behind a heartbeat, a listing, a GET or a claim: those are what a slow
+  store makes slow, and a renewal late by more than `ttl - margin` fences
+  every shard;
+- rounds of placement, every `interval`:
+  1. read the heartbeats (live nodes) and the leases (this feeds `lookup`);
+  2. compute the fair share, ceil(shards / live nodes);
+  3. release shards above it: the runner closes the shard, and only then is
+     the lease freed, so the next owner opens a closed shard;
+  4. claim free or expired leases up to the share, handing each to the runner
+     with the lease's generation. A node's first round claims nothing: its
+     peers' heartbeats may not be there yet, and a node that sees only itself
+     would claim every shard only to release most of them a round later.
+
+Budgets. Every store call of a round, and every renewal, gets a budget below
+the interval (`CALL_BUDGET` of it): failures are retried within it after a
+backoff with jitter that never sleeps past it, and a call still unanswered at
+its end is abandoned. A slow or throttling store thus costs a round its
+claims, never a renewal its pace.
 
 Time. Expiry and liveness are judged only on this node's monotonic clock:
 a record is expired when this node has seen its version unchanged for a whole
@@ -17,6 +31,11 @@ records are never compared, so skewed clocks cannot make two owners. Every
 write carries a fresh `write_id`, so every renewal changes the version even
 on stores whose versions are content hashes (S3 ETags).
 
+A host that refuses a shard: after a failed open the shard cools down on this
+node (exponential backoff with jitter) before this node claims it again, and
+a shard that has stayed free for longer than a TTL may be claimed by any node,
+even one at its share, so that it finds a host that accepts it.
+
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
 """
 
@@ -24,12 +43,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import functools
 import hashlib
 import logging
 import math
+import random
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shardlease.clock import Clock, LoopClock
 from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
@@ -50,17 +73,53 @@ from shardlease.telemetry import (
 
 logger = logging.getLogger("shardlease.loop")
 
+T = TypeVar("T")
+
 #: Store writes in flight at once for renewals and claims.
 WRITE_CONCURRENCY = 32
+#: Share of the interval a store call (with its retries) may take before it is
+#: abandoned: below 1, so the next renewal or round starts on time.
+CALL_BUDGET = 0.95
+#: First pause before retrying a failed store call, as a share of the interval
+#: (doubling, with jitter, within the call's budget).
+RETRY_FIRST = 0.05
+#: Cooldown of a shard this node failed to open, before it claims it again:
+#: doubling from COOLDOWN_FIRST * lease_ttl up to COOLDOWN_MAX * lease_ttl,
+#: times a jitter in [1, 1.5). The first is longer than a TTL and an interval,
+#: so a peer sees the shard free for a whole TTL and may adopt it first.
+COOLDOWN_FIRST = 2.0
+COOLDOWN_MAX = 8.0
+#: Shards free for longer than a TTL that a node at its share claims per round.
+ADOPT_PER_ROUND = 1
+#: The version `_Seen` records for a shard with no lease record at all.
+_MISSING = "\0missing"
+
+
+class Phase(enum.Enum):
+    """Where a lease this node holds stands. One state per shard, moved by the
+    round (release), the runner (closed) and the renewals (freed)."""
+
+    HELD = "held"  # ours: the runner opens or runs the shard; renewed
+    RELEASING = "releasing"  # the runner is closing it to give it up; still renewed
+    CLOSED = "closed"  # the runner closed it: free the lease, no more renewals
 
 
 @dataclass
 class _Held:
     lease: Lease
     version: str
-    releasing: bool = False
-    closed: Reason | None = None  # the runner closed it; the lease is to be freed
+    phase: Phase = Phase.HELD
+    #: Why the runner closed it (Phase.CLOSED): a fenced lease is not freed at any cost.
+    reason: Reason | None = None
+    #: Claimed above the share (free for longer than a TTL): released last.
+    adopted: bool = False
+    #: The "no owner" record being written, kept so that a retry carries the
+    #: same write id and recognises an earlier attempt that landed.
+    freeing: Lease | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def closed(self, reason: Reason) -> None:
+        self.phase, self.reason = Phase.CLOSED, reason
 
 
 @dataclass
@@ -70,6 +129,12 @@ class _Seen:
     version: str
     since: float
     record: Lease | None
+
+
+@dataclass
+class _Cooldown:
+    failures: int
+    until: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +161,7 @@ class PlacementLoop:
         peers: Callable[[], Iterable[str]] | None = None,
         clock: Clock | None = None,
         telemetry: Telemetry | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.options = options
@@ -104,6 +170,8 @@ class PlacementLoop:
         self.peers = peers or (lambda: ())
         self.clock = clock or LoopClock()
         self.telemetry = telemetry or Telemetry()
+        #: Jitter of retries and cooldowns (seeded by simulations).
+        self.rng = rng or random.Random()
         self.incarnation = uuid.uuid4().hex
         self.runner = Runner(
             host,
@@ -114,6 +182,7 @@ class PlacementLoop:
             max_concurrency=options.max_concurrency,
             open_timeout=options.open_timeout,
             close_timeout=options.close_timeout,
+            warn_ahead=options.interval_s / 2,
             on_closed=self._on_closed,
         )
         self.held: dict[int, _Held] = {}
@@ -121,6 +190,7 @@ class PlacementLoop:
         self.rounds = 0
         self._seen: dict[int, _Seen] = {}
         self._max_generation: dict[int, int] = {}
+        self._cooldown: dict[int, _Cooldown] = {}
         self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
         self._owners: dict[int, Owner] = {}
@@ -135,12 +205,20 @@ class PlacementLoop:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
+        #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
+        #: for health checks that do not await the task.
+        self.failure: BaseException | None = None
 
     # -- public --------------------------------------------------------------
 
     @property
     def ttl(self) -> float:
         return self.options.lease_ttl
+
+    @property
+    def budget(self) -> float:
+        """Seconds a store call (with its retries) may take before it is abandoned."""
+        return CALL_BUDGET * self.options.interval_s
 
     def lookup(self, shard: int) -> str | None:
         """The owner of `shard` from the last good read, if it is a known peer
@@ -162,43 +240,50 @@ class PlacementLoop:
     def open_shards(self) -> dict[int, State]:
         return self.runner.shards()
 
+    def phases(self) -> dict[int, Phase]:
+        """Each held lease's phase."""
+        return {s: h.phase for s, h in self.held.items()}
+
     async def run(self) -> None:
-        """Run rounds until `stop()` (graceful) or cancellation (closes every
-        shard, frees what it can, then re-raises)."""
+        """Run until `stop()` (graceful) or cancellation (closes every shard,
+        frees what it can, then re-raises). Raises `RunnerDied` if the runner
+        stops on its own, `EngineError` if another of the loop's tasks does."""
         runner = asyncio.create_task(self.runner.run(), name="shardlease-runner")
+        keepers = [
+            asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
+            asyncio.create_task(self._renewals(), name="shardlease-renewals"),
+        ]
         try:
             while True:
                 started = self.clock.monotonic()
-                ok = await self._round()
+                await self._round()
                 if self._stopping and not self.held and not self._strays_pending():
                     break
-                delay = self.options.interval_s if ok else self.options.interval_s / 2
+                delay = self.options.interval_s
                 if self._stopping:
-                    delay = min(delay, self.options.interval_s / 4)
-                # Rounds start every `interval` (start to start): a slow store
-                # must not stretch the time between two renewals by the
-                # length of a round.
+                    delay = delay / 4
+                # Rounds start every `interval` (start to start).
                 delay = max(0.0, delay - (self.clock.monotonic() - started))
                 self._wake.clear()
                 waiter = asyncio.create_task(self._wake.wait())
                 try:
-                    await asyncio.wait({waiter, runner}, timeout=delay,
+                    await asyncio.wait({waiter, runner, *(k for k in keepers if not k.done())},
+                                       timeout=delay,
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waiter.cancel()
-                if runner.done():
-                    raise RunnerDied("the shard runner stopped") from (
-                        None if runner.cancelled() else runner.exception())
+                self._check_alive(runner, keepers)
         except asyncio.CancelledError:
             self._stopping = True
-            await self._abandon(runner)
+            await self._abandon(runner, keepers)
             raise
-        except BaseException:
-            await self._abandon(runner)
+        except BaseException as e:
+            self.failure = e
+            await self._abandon(runner, keepers)
             raise
         else:
-            runner.cancel()
-            await asyncio.gather(runner, return_exceptions=True)
+            await _cancel(*keepers)
+            await _cancel(runner)
             await self._drain_tasks()
             if not self._hb_deleted:  # stop() could not delete it: try once more
                 with contextlib.suppress(StoreError, TimeoutError):
@@ -221,26 +306,50 @@ class PlacementLoop:
             self._wake.set()
         await self._done.wait()
 
-    # -- one round -------------------------------------------------------------
+    def _check_alive(self, runner: asyncio.Task[None],
+                     keepers: list[asyncio.Task[None]]) -> None:
+        if runner.done():
+            raise RunnerDied("the shard runner stopped") from (
+                None if runner.cancelled() else runner.exception())
+        for task in keepers:
+            # The heartbeats end by themselves on a graceful stop; nothing else does.
+            if task.done() and (task.cancelled() or task.exception() is not None
+                                or not self._stopping):
+                raise EngineError(f"the loop's task {task.get_name()} stopped") from (
+                    None if task.cancelled() else task.exception())
 
-    async def _round(self) -> bool:
-        started = self.clock.monotonic()
-        if not self._stopping:
+    # -- store calls within a budget ----------------------------------------------
+
+    async def _bounded(self, what: str, call: Callable[[], Awaitable[T]], *,
+                       retry: bool = True) -> T:
+        """`call()` within the budget: a `StoreError` is retried (if `retry`)
+        after a backoff with jitter that never sleeps past the budget; a call
+        still unanswered when it ends is abandoned (cancelled) and reported as
+        a `StoreError`. A `Conflict` is an answer: returned to the caller."""
+        end = self.clock.monotonic() + self.budget
+        pause = RETRY_FIRST * self.options.interval_s
+        while True:
+            left = end - self.clock.monotonic()
+            try:
+                async with asyncio.timeout(max(0.0, left)):
+                    return await call()
+            except TimeoutError:
+                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
+            except StoreError:
+                wait = pause * self.rng.uniform(0.5, 1.5)
+                if not retry or self.clock.monotonic() + wait >= end:
+                    raise
+            await asyncio.sleep(wait)
+            pause *= 2
+
+    # -- heartbeats -----------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while not self._stopping:
+            started = self.clock.monotonic()
             await self._heartbeat()
-        ok = await self._renew_all()
-        live = await self._live_nodes()
-        share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
-        self._release_excess(share)
-        leases = await self._read_leases()
-        if leases is not None and not self._stopping and self.runner.running:
-            await self._claim(leases, share)
-        elif leases is not None and self._stopping:
-            await self._free_strays(leases)
-        self.rounds += 1
-        self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
-                                  share=share, held=len(self.held),
-                                  duration=self.clock.monotonic() - started, ok=ok))
-        return ok
+            await asyncio.sleep(max(0.0, started + self.options.interval_s
+                                    - self.clock.monotonic()))
 
     async def _heartbeat(self) -> None:
         async with self._hb_lock:
@@ -250,7 +359,7 @@ class PlacementLoop:
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
                            seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
             try:
-                await self.store.put_heartbeat(hb)
+                await self._bounded("heartbeat", lambda: self.store.put_heartbeat(hb))
             except StoreError as e:
                 logger.warning("heartbeat failed: %s", e)
 
@@ -260,9 +369,22 @@ class PlacementLoop:
             await self.store.delete_heartbeat(self.cluster, self.name)
             self._hb_deleted = True
 
+    # -- renewals ---------------------------------------------------------------------
+
+    async def _renewals(self) -> None:
+        """Renew (or free) every held lease every interval, start to start;
+        half an interval after a failure, a quarter while stopping."""
+        while True:
+            started = self.clock.monotonic()
+            ok = await self._renew_all()
+            delay = self.options.interval_s if ok else self.options.interval_s / 2
+            if self._stopping:
+                delay = min(delay, self.options.interval_s / 4)
+            await asyncio.sleep(max(0.0, started + delay - self.clock.monotonic()))
+
     async def _renew_all(self) -> bool:
         """Renew (or, once closed, free) every held lease. False if any failed
-        for a reason other than losing it, so the next round comes sooner."""
+        for a reason other than losing it, so the next try comes sooner."""
         failed: list[int] = []
         errors: list[str] = []
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
@@ -270,7 +392,7 @@ class PlacementLoop:
         async def one(shard: int, held: _Held) -> None:
             async with limit:
                 try:
-                    if held.closed is not None:
+                    if held.phase is Phase.CLOSED:
                         await self._free(shard, held)
                     else:
                         await self._renew(shard, held)
@@ -287,14 +409,18 @@ class PlacementLoop:
 
     async def _renew(self, shard: int, held: _Held) -> None:
         async with held.lock:
-            if self.held.get(shard) is not held or held.closed is not None:
+            if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
                 return
             lease = held.lease.model_copy(update={"write_id": new_write_id(),
                                                   "renewed_at": self.clock.wall(),
                                                   "ttl": self.ttl})
+            # Any attempt may be the one that lands (a lost answer): the
+            # deadline counts from the first, the earliest an observer can
+            # have seen this renewal.
             sent = self.clock.monotonic()
             try:
-                version = await self._write_held(held, lease)
+                version = await self._bounded(f"renewal of shard {shard}",
+                                              lambda: self._write_held(held, lease))
             except Conflict:
                 self._lost(shard)
                 return
@@ -332,9 +458,28 @@ class PlacementLoop:
         self.runner.stop(shard, Reason.LOST)
         self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
 
+    # -- one round of placement ---------------------------------------------------------
+
+    async def _round(self) -> None:
+        started = self.clock.monotonic()
+        first = self.rounds == 0
+        live, leases = await asyncio.gather(self._live_nodes(), self._read_leases())
+        share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
+        self._release_excess(share)
+        if leases is not None and self._stopping:
+            await self._free_strays(leases)
+        elif leases is not None and not first and self.runner.running:
+            await self._claim(leases, share)
+        self.rounds += 1
+        self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
+                                  share=share, held=len(self.held),
+                                  duration=self.clock.monotonic() - started,
+                                  ok=leases is not None))
+
     async def _live_nodes(self) -> set[str]:
         try:
-            beats = await self.store.list_heartbeats(self.cluster)
+            beats = await self._bounded("heartbeat listing",
+                                        lambda: self.store.list_heartbeats(self.cluster))
         except StoreError as e:
             logger.warning("could not read heartbeats, keeping the last live set: %s", e)
             return self._live
@@ -354,23 +499,25 @@ class PlacementLoop:
         return live
 
     def _release_excess(self, share: int) -> None:
-        keep = [s for s, h in self.held.items() if not h.releasing]
+        keep = [s for s, h in self.held.items() if h.phase is Phase.HELD]
         excess = len(keep) - share
         if excess <= 0:
             return
         # Shards not yet open go first (nothing to close), then the ones this
-        # node likes least, so the shards it keeps are the ones it would claim.
-        def cost(s: int) -> tuple[int, int]:
+        # node likes least, so the shards it keeps are the ones it would
+        # claim; adopted shards last (a peer's host may have refused them).
+        def cost(s: int) -> tuple[int, int, int]:
             opened = self.runner.state(s) not in (State.WAITING, None)
-            return (int(opened), preference(self.name, s))
+            return (int(self.held[s].adopted), int(opened), preference(self.name, s))
 
         for shard in sorted(keep, key=cost)[:excess]:
-            self.held[shard].releasing = True
+            self.held[shard].phase = Phase.RELEASING
             self.runner.stop(shard, Reason.SHUTDOWN if self._stopping else Reason.RELEASE)
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:
-            leases = await self.store.list_leases(self.cluster)
+            leases = await self._bounded("lease listing",
+                                         lambda: self.store.list_leases(self.cluster))
         except StoreError as e:
             logger.warning("could not read the leases, no claims this round: %s", e)
             return None
@@ -378,10 +525,11 @@ class PlacementLoop:
         owners: dict[int, Owner] = {}
         for shard in range(self.options.shards):
             stored = leases.get(shard)
-            if stored is None:
-                self._seen.pop(shard, None)
-                continue
             seen = self._seen.get(shard)
+            if stored is None:
+                if seen is None or seen.version != _MISSING:
+                    self._seen[shard] = _Seen(_MISSING, now, None)
+                continue
             if seen is None or seen.version != stored.version:
                 self._seen[shard] = _Seen(stored.version, now, stored.record)
                 if stored.record is None:
@@ -401,6 +549,8 @@ class PlacementLoop:
     def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
         if shard in self.held or self.runner.state(shard) is not None:
             return False
+        if (cool := self._cooldown.get(shard)) is not None and now < cool.until:
+            return False
         if stored is None:
             return True
         rec = stored.record
@@ -412,27 +562,48 @@ class PlacementLoop:
         ttl = max(self.ttl, rec.ttl) if rec is not None else self.ttl
         return now - seen.since > ttl
 
+    def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
+        """Seconds this node has seen the shard free (no record, or no owner)
+        without a change; 0 if it is not free."""
+        seen = self._seen.get(shard)
+        if seen is None or (stored is not None and (stored.record is None
+                                                    or stored.record.owner is not None)):
+            return 0.0
+        return now - seen.since
+
     async def _claim(self, leases: dict[int, Stored[Lease]], share: int) -> None:
-        active = sum(1 for h in self.held.values() if not h.releasing)
-        want = share - active
-        if want <= 0:
-            return
+        active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
+        want = max(0, share - active)
         now = self.clock.monotonic()
         candidates = [s for s in range(self.options.shards)
                       if self._claimable(s, leases.get(s), now)]
         candidates.sort(key=lambda s: preference(self.name, s), reverse=True)
+        chosen = candidates[:want]
+        # A shard nobody claimed for a whole TTL: the hosts of the nodes below
+        # their share may refuse it. Take it even above the share.
+        orphans = [s for s in candidates[want:] if self._free_for(s, leases.get(s), now) > self.ttl]
+        adopted = set(orphans[:ADOPT_PER_ROUND])
+        if not chosen and not adopted:
+            return
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
 
         async def one(shard: int) -> None:
             async with limit:
                 try:
-                    await self._claim_one(shard, leases.get(shard))
+                    await self._claim_one(shard, leases.get(shard), adopted=shard in adopted)
                 except StoreError as e:
                     logger.info("claim of shard %d failed: %s", shard, e)
 
-        await asyncio.gather(*(one(s) for s in candidates[:want]))
+        try:
+            async with asyncio.timeout(self.budget):
+                await asyncio.gather(*(one(s) for s in [*chosen, *adopted]))
+        except TimeoutError:
+            # A claim abandoned in flight may still land: the lease then names
+            # this incarnation, and is claimed again or freed as a stray.
+            logger.warning("claims took longer than %.3gs; abandoned", self.budget)
 
-    async def _claim_one(self, shard: int, stored: Stored[Lease] | None) -> None:
+    async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
+                         adopted: bool = False) -> None:
         # A corrupt record still carries the generation its raw bytes show.
         previous = stored.generation if stored is not None else None
         if stored is not None and stored.record is None:
@@ -447,56 +618,80 @@ class PlacementLoop:
         except Conflict:
             logger.debug("shard %d: lost the race to claim it", shard)
             return
-        if self._stopping:
-            # Stopped while the claim was in flight: hand it straight back.
-            held = _Held(lease, version, releasing=True, closed=Reason.SHUTDOWN)
-            self.held[shard] = held
-            await self._free(shard, held)
-            return
         self._max_generation[shard] = generation
-        self.held[shard] = _Held(lease, version)
+        if self._stopping:
+            # Stopped while the claim was in flight: the renewals free it.
+            held = _Held(lease, version)
+            held.closed(Reason.SHUTDOWN)
+            self.held[shard] = held
+            return
+        self.held[shard] = _Held(lease, version, adopted=adopted)
         self._owners[shard] = Owner(shard, self.name, generation)
         try:
             self.runner.start(shard, generation, self._deadline(sent))
         except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
             raise RunnerDied("the shard runner stopped") from e
+        if adopted:
+            logger.info("shard %d was free for over a TTL: claimed above the share", shard)
         self.telemetry.emit(Claim(cluster=self.cluster, node=self.name, shard=shard,
                                   generation=generation))
 
     # -- after the runner closed a shard ----------------------------------------
 
     def _on_closed(self, shard: int, reason: Reason) -> None:
+        self._cool(shard, reason)
         held = self.held.get(shard)
         if held is None:
             return  # lost: nothing to free
-        held.closed = reason
+        held.closed(reason)
         task = asyncio.create_task(self._free_soon(shard, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _cool(self, shard: int, reason: Reason) -> None:
+        """After a failed open, this node leaves the shard alone for a while
+        (doubling, with jitter): no claim-open-fail-free loop, and peers get
+        to see it free for a TTL and adopt it. Any other close resets it."""
+        if reason is not Reason.OPEN_FAILED:
+            self._cooldown.pop(shard, None)
+            return
+        failures = self._cooldown[shard].failures + 1 if shard in self._cooldown else 1
+        pause = min(COOLDOWN_FIRST * 2 ** (failures - 1), COOLDOWN_MAX) * self.ttl
+        pause *= self.rng.uniform(1.0, 1.5)
+        self._cooldown[shard] = _Cooldown(failures, self.clock.monotonic() + pause)
+        logger.info("shard %d failed to open here (%d time(s)); not claimed again for %.3gs",
+                    shard, failures, pause)
 
     async def _free_soon(self, shard: int, held: _Held) -> None:
         try:
             await self._free(shard, held)
         except StoreError as e:
-            logger.warning("could not free shard %d yet (retried next round): %s", shard, e)
-        self._wake.set()
+            logger.warning("could not free shard %d yet (retried with the renewals): %s",
+                           shard, e)
+        # Freeing does not start a round early (a refusing host would spin),
+        # except while stopping, which ends once everything is freed.
+        if self._stopping:
+            self._wake.set()
 
     async def _free(self, shard: int, held: _Held) -> None:
         """Write "no owner" (keeping the generation) on a closed shard's lease."""
         async with held.lock:
             if self.held.get(shard) is not held:
                 return
-            lease = held.lease.model_copy(update={"owner": None, "incarnation": None,
-                                                  "write_id": new_write_id(),
-                                                  "renewed_at": self.clock.wall()})
+            if held.freeing is None:
+                held.freeing = held.lease.model_copy(update={
+                    "owner": None, "incarnation": None, "write_id": new_write_id(),
+                    "renewed_at": self.clock.wall()})
+            lease = held.freeing
             try:
-                await self._write_held(held, lease)
+                await self._bounded(f"free of shard {shard}",
+                                    lambda: self._write_held(held, lease))
             except Conflict:
                 self.held.pop(shard, None)
                 self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
                 return
             except StoreError:
-                if held.closed is Reason.FENCED:
+                if held.reason is Reason.FENCED:
                     # Fenced: the lease is not ours to keep; it will expire.
                     self.held.pop(shard, None)
                     return
@@ -529,7 +724,9 @@ class PlacementLoop:
                                            "write_id": new_write_id(),
                                            "renewed_at": self.clock.wall()})
             try:
-                await self.store.write_lease(lease, stored.version)
+                await self._bounded(f"free of stray shard {shard}",
+                                    functools.partial(self.store.write_lease, lease,
+                                                      stored.version))
             except Conflict:
                 # Changed since the read: freed by this node's own release in
                 # the meantime, or taken by a peer. Either way no longer ours.
@@ -546,17 +743,24 @@ class PlacementLoop:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _abandon(self, runner: asyncio.Task[None]) -> None:
+    async def _abandon(self, runner: asyncio.Task[None],
+                       keepers: list[asyncio.Task[None]]) -> None:
         """Cancelled or failed: the runner closes every open shard (its abort),
         then free what we can without waiting for anything slow."""
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
+        await _cancel(*keepers)
+        await _cancel(runner)
         await self._drain_tasks()
         for shard, held in list(self.held.items()):
-            if held.closed is None:
-                held.closed = Reason.SHUTDOWN
+            if held.phase is not Phase.CLOSED:
+                held.closed(Reason.SHUTDOWN)
             with contextlib.suppress(StoreError, TimeoutError):
                 await asyncio.wait_for(self._free(shard, held), self.options.interval_s)
         with contextlib.suppress(StoreError, TimeoutError):
             await asyncio.wait_for(self.store.delete_heartbeat(self.cluster, self.name),
                                    self.options.interval_s)
+
+
+async def _cancel(*tasks: asyncio.Task[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from shardlease.clock import Clock
 from shardlease.errors import EngineError, RunnerDied
 from shardlease.hosts.base import Host
-from shardlease.telemetry import Closed, DeadlineMoved, Opened, SelfFence, Telemetry
+from shardlease.telemetry import (
+    Closed,
+    DeadlineMoved,
+    Opened,
+    RenewSlow,
+    SelfFence,
+    Telemetry,
+)
 
 logger = logging.getLogger("shardlease.runner")
 
@@ -57,6 +64,7 @@ class _Shard:
     deadline: float
     state: State = State.WAITING
     reason: Reason | None = None
+    warned: bool = False  # renew_slow reported for the current deadline
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     fenced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -89,6 +97,7 @@ class Runner:
         max_concurrency: int = 16,
         open_timeout: float = 60.0,
         close_timeout: float = 60.0,
+        warn_ahead: float = 0.0,
         on_closed: Callable[[int, Reason], None] | None = None,
     ) -> None:
         self.host = host
@@ -98,6 +107,9 @@ class Runner:
         self.telemetry = telemetry
         self.open_timeout = open_timeout
         self.close_timeout = close_timeout
+        #: Seconds before a deadline at which a shard not renewed since is
+        #: reported (renew_slow), so that no fence comes unannounced.
+        self.warn_ahead = warn_ahead
         self.on_closed = on_closed
         self._slots = asyncio.Semaphore(max_concurrency)
         self._shards: dict[int, _Shard] = {}
@@ -131,6 +143,7 @@ class Runner:
         st = self._shards.get(shard)
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
             st.deadline = deadline
+            st.warned = False
             self._wake.set()
             now_m, now_w = self.clock.monotonic(), self.clock.wall()
             self.telemetry.emit(DeadlineMoved(
@@ -165,6 +178,7 @@ class Runner:
                 if self._failed is not None:
                     raise RunnerDied("a shard worker failed") from self._failed
                 now = self.clock.monotonic()
+                self._warn(now)  # before any fence, also one due at this same instant
                 fenced = []
                 for st in self._shards.values():
                     if st.reason is not Reason.FENCED and st.state is not State.CLOSED \
@@ -176,7 +190,8 @@ class Runner:
                                    fenced)
                     self.telemetry.emit(SelfFence(cluster=self.cluster, node=self.node,
                                                   shards=tuple(sorted(fenced))))
-                pending = [st.deadline for st in self._shards.values()
+                pending = [st.deadline - (0.0 if st.warned else self.warn_ahead)
+                           for st in self._shards.values()
                            if st.reason is not Reason.FENCED and st.state is not State.CLOSED]
                 timeout = max(0.0, min(pending) - now) if pending else None
                 # Not asyncio.wait_for: on Python 3.11 it loses a cancellation
@@ -188,6 +203,25 @@ class Runner:
         finally:
             self._ending = True
             await self._abort()
+
+    def _warn(self, now: float) -> None:
+        """Report the shards whose deadline is less than `warn_ahead` away:
+        their renewals are late (failing, or slower than the store allows)."""
+        if self.warn_ahead <= 0:
+            return
+        late = [st for st in self._shards.values()
+                if not st.warned and st.reason is not Reason.FENCED
+                and st.state is not State.CLOSED and st.deadline - self.warn_ahead <= now]
+        if not late:
+            return
+        for st in late:
+            st.warned = True
+        left = max(0.0, min(st.deadline for st in late) - now)
+        shards = tuple(sorted(st.shard for st in late))
+        logger.warning("renewals of shards %s are late: fenced in %.3gs unless one lands",
+                       list(shards), left)
+        self.telemetry.emit(RenewSlow(cluster=self.cluster, node=self.node, shards=shards,
+                                      left=left))
 
     async def _abort(self) -> None:
         """The supervisor is ending (cancelled or died): stop workers, then

@@ -1,10 +1,10 @@
 """Telemetry: events as values, delivered to subscribers.
 
 The seed's events (claim, release, lost, self_fence, renew_failed) plus the
-runner's opened/closed, as frozen dataclasses. Subscribers are plain callables
-(the Python hook API); the Prometheus metrics and the structured logs are two
-such subscribers. A subscriber that raises is logged and never disturbs the
-loop.
+runner's opened/closed and renew_slow (the warning before a fence), as frozen
+dataclasses. Subscribers are plain callables (the Python hook API); the
+Prometheus metrics and the structured logs are two such subscribers. A
+subscriber that raises is logged and never disturbs the loop.
 """
 
 from __future__ import annotations
@@ -60,6 +60,16 @@ class RenewFailed(Event):
     KIND = "renew_failed"
     shards: tuple[int, ...]
     error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewSlow(Event):
+    """No renewal has moved these shards' deadlines, and less than `left`
+    seconds remain before they are fenced: the warning before a self-fence."""
+
+    KIND = "renew_slow"
+    shards: tuple[int, ...]
+    left: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +142,7 @@ def log_events(event: Event) -> None:
     """Structured logs: one record per event, its fields in `extra`."""
     if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
-    elif isinstance(event, SelfFence | Lost | RenewFailed | CorruptLease):
+    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease):
         level = logging.WARNING
     else:
         level = logging.INFO
@@ -156,6 +166,9 @@ class PrometheusMetrics:
                               labels, registry=reg)
         self.renew_failed = Counter("shardlease_renew_failures", "Rounds with failed renewals",
                                     labels, registry=reg)
+        self.renew_slow = Counter("shardlease_renew_slow_shards",
+                                  "Shards whose renewal was late enough to threaten their "
+                                  "deadline", labels, registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
         self.held = Gauge("shardlease_held_shards", "Leases held by this node", labels,
@@ -179,6 +192,8 @@ class PrometheusMetrics:
                 self.fenced.labels(*lab).inc(len(shards))
             case RenewFailed():
                 self.renew_failed.labels(*lab).inc()
+            case RenewSlow(shards=shards):
+                self.renew_slow.labels(*lab).inc(len(shards))
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
             case Round(live_nodes=live, share=share, held=held, duration=duration):

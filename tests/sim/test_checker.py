@@ -158,3 +158,17 @@ def test_an_unreported_fence_and_a_free_before_the_close_are_caught() -> None:
     early = [*owned("a", 0, 1, 0.0, 50.0), ev(4.0, "a", "release", 0),
              ev(5.0, "a", "close_call", 0), ev(5.0, "a", "close_ok", 0)]
     assert check_release_and_fence(early)[0].startswith("(j)")
+
+
+def test_a_fence_without_a_warning_since_the_last_deadline_is_caught() -> None:
+    from shardlease.sim.check import check_announced
+
+    warned = [*owned("a", 0, 1, 0.0, 5.0), ev(2.5, "a", "renew_slow", 0, value=2.5),
+              ev(5.0, "a", "self_fence", 0)]
+    assert check_announced(warned) == []
+    silent = [e for e in warned if e.kind != "renew_slow"]
+    assert check_announced(silent)[0].startswith("(k)")
+    # A warning before a renewal that moved the deadline does not announce a later fence.
+    stale = [*owned("a", 0, 1, 0.0, 5.0), ev(2.5, "a", "renew_slow", 0, value=2.5),
+             ev(3.0, "a", "deadline", 0, -1, 8.0, "renew"), ev(8.0, "a", "self_fence", 0)]
+    assert check_announced(stale)[0].startswith("(k)")

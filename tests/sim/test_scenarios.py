@@ -93,19 +93,25 @@ def test_a_short_pause_changes_nothing() -> None:
 
 @pytest.mark.parametrize("node", [None, "n1"])
 def test_a_slow_store_keeps_its_pace(node: str | None) -> None:
-    # 0.8-1.8 s per call: rounds of ~5 calls still renew within ttl - margin.
+    # 0.8-1.8 s per call: renewals keep their own pace whatever the rounds take.
     r = ok(run_scenario(nodes=3, shards=16, seed=6,
                         faults=[StoreFault(30, 130, node=node, latency=0.8, jitter=1.0)]))
     assert r.counts.get("self_fence", 0) == 0 and r.counts.get("lost", 0) == 0
     slow = [ev.value for ev in r.trace if ev.kind == "round" and 40 < ev.t < 120
             and (node is None or ev.node == node)]
-    assert slow and max(slow) > 3.0
+    assert slow and min(slow) >= 0.8  # the fault was felt: the listings took that long
 
 
 def test_a_store_slower_than_the_ttl_allows_is_safe_if_not_smooth() -> None:
+    # 6-12 s per call: every renewal is abandoned at its budget.
     r = ok(run_scenario(nodes=3, shards=16, seed=7,
-                        faults=[StoreFault(30, 90, latency=2.0, jitter=2.0)]))
+                        faults=[StoreFault(30, 90, latency=6.0, jitter=6.0)]))
     assert r.counts.get("self_fence", 0) > 0  # fenced, never doubly open ((a) holds)
+    # ...and never silently: each fence was announced ((k) holds), and failed
+    # renewals were reported before it.
+    assert r.counts.get("renew_slow", 0) >= r.counts["self_fence"]
+    first_fence = min(kinds(r, "self_fence"))
+    assert any(t < first_fence for t in kinds(r, "renew_failed"))
 
 
 @pytest.mark.parametrize("node", [None, "n2"])

@@ -14,9 +14,11 @@
             Crash(at=60, node="n1"),
             Pause(at=90, node="n2", duration=40),
             StoreFault(at=100, until=130, node=None, latency=0.5, jitter=1.0,
-                       error_rate=0.2, lost_reply_rate=0.1),
+                       error_rate=0.2, lost_reply_rate=0.1,
+                       calls=None),      # or some of STORE_CALLS (e.g. STORE_CALLS - LEASE_WRITES)
             HostFault(at=100, until=130, node="n0", open_latency=2.0, close_latency=1.0,
-                      open_error_rate=0.3, close_error_rate=0.3),
+                      open_error_rate=0.3, close_error_rate=0.3,
+                      refuse=frozenset({3})),   # opens of shard 3 always fail there
             Join(at=140, node="n3", wall_skew=-300.0),   # a new node
             Join(at=145, node="n1"),     # the crashed n1 restarts: label "n1#1"
             Leave(at=150, node="n0"),    # graceful stop()
@@ -40,8 +42,10 @@ gracefully (and is checked for what it left behind). `ScenarioResult` has:
   balanced for good before the next fault (None if it was not), and that in
   rounds (ceil(seconds / interval));
 - `requests` (per node label, per kind list/get/put/delete, from
-  `store.requests`), `rounds` (per node), `requests_per_round` (per node);
-- `counts`: claim, release, lost, self_fence, renew_failed, abandoned,
+  `store.requests`), `rounds` (per node), `requests_per_round` (per node),
+  `request_times` (per node, the virtual time of every request) and
+  `requests_between(node, t0, t1)`;
+- `counts`: claim, release, lost, self_fence, renew_failed, renew_slow, abandoned,
   left_behind (leases or heartbeat a stop under store failures left to
   expire), open_err, close_err, crash, pause, leave, start; `claims`,
   `releases`;
@@ -55,12 +59,24 @@ read its docstring), `check` (the invariants).
 """
 
 from shardlease.sim.check import Recovery
-from shardlease.sim.faults import Crash, Fault, HostFault, Join, Leave, Pause, StoreFault
+from shardlease.sim.faults import (
+    LEASE_WRITES,
+    STORE_CALLS,
+    Crash,
+    Fault,
+    HostFault,
+    Join,
+    Leave,
+    Pause,
+    StoreFault,
+)
 from shardlease.sim.scenario import BalanceFigure, ScenarioResult, run_scenario
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop, run_virtual
 from shardlease.sim.world import TraceEvent
 
 __all__ = [
+    "LEASE_WRITES",
+    "STORE_CALLS",
     "BalanceFigure",
     "Crash",
     "Fault",

@@ -26,7 +26,9 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  and never a second open before a close;
 (i) fences are reported: a shard closed for a fence had a SelfFence event;
 (j) close before free: a node frees a lease only once its host has closed
-                 the shard (or gave up closing it after a fence).
+                 the shard (or gave up closing it after a fence);
+(k) fences are announced: a self_fence of a shard comes after a renew_slow
+                 of it, since the last claim or renewal that set its deadline.
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -259,9 +261,29 @@ def check_release_and_fence(trace: Sequence[TraceEvent]) -> list[str]:
     return problems
 
 
+def check_announced(trace: Sequence[TraceEvent]) -> list[str]:
+    """(k)"""
+    warned: set[tuple[str, int]] = set()
+    problems = []
+    for ev in trace:
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "deadline":
+                warned.discard(key)
+            case "renew_slow":
+                warned.add(key)
+            case "self_fence" if key not in warned:
+                problems.append(f"(k) {ev.node} shard {ev.shard}: self-fenced at {ev.t:.3f} "
+                                f"with no renew_slow before")
+            case _:
+                pass
+    return problems
+
+
 def check_trace(trace: Sequence[TraceEvent]) -> list[str]:
     return (check_exclusive(trace) + check_generations(trace) + check_deadlines(trace)
-            + check_host_order(trace) + check_release_and_fence(trace))
+            + check_host_order(trace) + check_release_and_fence(trace)
+            + check_announced(trace))
 
 
 def check_quiescence(snap: Snapshot, shards: int) -> list[str]:

@@ -30,8 +30,10 @@ class Pause:
 class StoreFault:
     """Store calls started in [at, until) by `node` (every node if None) take
     `latency` + uniform(0, `jitter`) seconds and fail with `error_rate`
-    (before reaching the store) or `lost_reply_rate` (after the store applied
-    the call: the answer is lost). Draws come from a seeded RNG per node."""
+    (before reaching the store, like a 503 answer) or `lost_reply_rate`
+    (after the store applied the call: the answer is lost). Draws come from a
+    seeded RNG per node. `calls` limits the fault to those store methods
+    (`STORE_CALLS`); None means every call."""
 
     at: float
     until: float
@@ -40,12 +42,26 @@ class StoreFault:
     jitter: float = 0.0
     error_rate: float = 0.0
     lost_reply_rate: float = 0.0
+    calls: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.calls is not None and not self.calls <= STORE_CALLS:
+            raise ValueError(f"unknown store calls {sorted(self.calls - STORE_CALLS)}; "
+                             f"use some of {sorted(STORE_CALLS)}")
+
+
+#: The store methods a `StoreFault` may be limited to. Lease writes are
+#: create_lease (claims) and update_lease (renewals, frees).
+STORE_CALLS = frozenset({"list_leases", "get_lease", "create_lease", "update_lease",
+                         "list_heartbeats", "put_heartbeat", "delete_heartbeat"})
+LEASE_WRITES = frozenset({"create_lease", "update_lease"})
 
 
 @dataclass(frozen=True)
 class HostFault:
     """Host calls started in [at, until) by `node` (every node if None) take
-    the given latency and fail (HostError) with the given rates."""
+    the given latency and fail (HostError) with the given rates. Opens of the
+    shards in `refuse` always fail: a host that cannot serve those shards."""
 
     at: float
     until: float
@@ -54,6 +70,7 @@ class HostFault:
     close_latency: float = 0.0
     open_error_rate: float = 0.0
     close_error_rate: float = 0.0
+    refuse: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

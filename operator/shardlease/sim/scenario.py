@@ -58,6 +58,7 @@ class ScenarioResult:
     requests: dict[str, dict[str, int]]  # node label -> kind (list/get/put/delete) -> count
     rounds: dict[str, int]  # node label -> placement rounds run
     requests_per_round: dict[str, float]  # node label -> store requests per round
+    request_times: dict[str, list[float]]  # node label -> virtual time of each request
     counts: dict[str, int]  # claim, release, lost, self_fence, abandoned, ... (see the package)
     end: float  # virtual seconds simulated
     real_seconds: float = field(compare=False)
@@ -73,6 +74,10 @@ class ScenarioResult:
     @property
     def releases(self) -> int:
         return self.counts.get("release", 0)
+
+    def requests_between(self, node: str, t0: float, t1: float) -> int:
+        """Store requests `node` (a label) made in [t0, t1)."""
+        return sum(1 for t in self.request_times.get(node, ()) if t0 <= t < t1)
 
     def recovery_seconds(self) -> list[float | None]:
         return [r.seconds for r in self.recovery]
@@ -225,7 +230,8 @@ async def _scenario(
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
-        "claim", "release", "lost", "self_fence", "renew_failed", "abandoned", "corrupt",
+        "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",
+        "corrupt",
         "open_err", "close_err", "crash", "pause", "leave", "start", "left_behind"})
     requests = {n.label: dict(n.store.requests) for n in world.nodes}
     per_round = {n.label: sum(n.store.requests.values()) / world.rounds[n.label]
@@ -234,7 +240,8 @@ async def _scenario(
         seed=seed, nodes=nodes, shards=shards, lease_ttl=ttl, interval=interval_s,
         margin=opts.margin_s, trace=trace, violations=problems, quiescence=snapshot,
         recovery=recs, balance=_balance(trace, interval_s), requests=requests,
-        rounds=dict(world.rounds), requests_per_round=per_round, counts=dict(counts),
+        rounds=dict(world.rounds), requests_per_round=per_round,
+        request_times={n.label: list(n.store.times) for n in world.nodes}, counts=dict(counts),
         end=end, real_seconds=0.0)
 
 

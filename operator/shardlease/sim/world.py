@@ -56,6 +56,7 @@ from shardlease.telemetry import (
     Opened,
     Release,
     RenewFailed,
+    RenewSlow,
     Round,
     SelfFence,
     Telemetry,
@@ -80,7 +81,8 @@ class TraceEvent:
     close_call, close_ok, close_err, close_cancel, abandoned (the runner
     reported the shard closed while the host still has it open);
     runner deadlines: deadline (`value` = the runner's new deadline);
-    telemetry: claim, release, lost, self_fence, renew_failed, opened
+    telemetry: claim, release, lost, self_fence, renew_failed, renew_slow
+    (per shard, `value` = seconds left before its fence), opened
     (`value` = deadline), closed (`detail` = reason), corrupt, round
     (`value` = duration, `detail` = live/share/held/ok);
     the world: start, crash (`detail` = shards it held), pause (`value` =
@@ -126,7 +128,8 @@ class SimNode:
         self.telemetry.subscribe(self._on_event)
         self.loop = PlacementLoop(self.store, self.host, world.options(name),
                                   peers=world.peer_names, clock=SimClock(wall_skew),
-                                  telemetry=self.telemetry)
+                                  telemetry=self.telemetry,
+                                  rng=random.Random(f"{world.seed}/{self.label}/loop"))
         self._wrap_runner()
         self.task: asyncio.Task[None] | None = None
         self.started_at = world.now()
@@ -187,6 +190,9 @@ class SimNode:
                     self._record("self_fence", s)
             case RenewFailed(shards=shards, error=error):
                 self._record("renew_failed", -1, -1, len(shards), error)
+            case RenewSlow(shards=shards, left=left):
+                for s in shards:
+                    self._record("renew_slow", s, -1, left)
             case Opened(shard=s, generation=g, deadline=d):
                 self._record("opened", s, g, d)
             case Closed(shard=s, reason=reason):
@@ -216,15 +222,19 @@ class SimStore(LeaseStore):
         self.world = world
         self.node = node
         self.inner = MemoryStore(world.backend, name="sim")
+        #: When each request was made (virtual time): requests per interval
+        #: of a window, whatever the number of rounds in it.
+        self.times: list[float] = []
 
     def describe(self) -> str:
         return f"sim://{self.node.label}"
 
-    async def _call(self, kind: str, op: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, kind: str, method: str, op: Callable[[], Awaitable[T]]) -> T:
         self._count(kind)
+        self.times.append(self.world.now())
         node, rng = self.node, self.node.store_rng
         await node.gate()
-        latency, jitter, error_rate, lost_rate = self.world.store_conditions(node.name)
+        latency, jitter, error_rate, lost_rate = self.world.store_conditions(node.name, method)
         delay = latency + (rng.uniform(0, jitter) if jitter > 0 else 0.0)
         if delay > 0:
             await asyncio.sleep(delay)
@@ -239,25 +249,32 @@ class SimStore(LeaseStore):
         return result
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        return await self._call("list", lambda: self.inner.list_leases(cluster))
+        return await self._call(
+            "list", "list_leases", lambda: self.inner.list_leases(cluster))
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        return await self._call("get", lambda: self.inner.get_lease(cluster, shard))
+        return await self._call(
+            "get", "get_lease", lambda: self.inner.get_lease(cluster, shard))
 
     async def create_lease(self, lease: Lease) -> str:
-        return await self._call("put", lambda: self.inner.create_lease(lease))
+        return await self._call(
+            "put", "create_lease", lambda: self.inner.create_lease(lease))
 
     async def update_lease(self, lease: Lease, version: str) -> str:
-        return await self._call("put", lambda: self.inner.update_lease(lease, version))
+        return await self._call(
+            "put", "update_lease", lambda: self.inner.update_lease(lease, version))
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
-        return await self._call("list", lambda: self.inner.list_heartbeats(cluster))
+        return await self._call(
+            "list", "list_heartbeats", lambda: self.inner.list_heartbeats(cluster))
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
-        await self._call("put", lambda: self.inner.put_heartbeat(heartbeat))
+        await self._call(
+            "put", "put_heartbeat", lambda: self.inner.put_heartbeat(heartbeat))
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
-        await self._call("delete", lambda: self.inner.delete_heartbeat(cluster, node))
+        await self._call(
+            "delete", "delete_heartbeat", lambda: self.inner.delete_heartbeat(cluster, node))
 
 
 class RecordingHost:
@@ -283,6 +300,9 @@ class RecordingHost:
         if error_rate > 0 and rng.random() < error_rate:
             node._record("open_err", shard, generation)
             raise HostError(f"injected open failure of shard {shard}")
+        if self.world.refuses(node.name, shard):
+            node._record("open_err", shard, generation)
+            raise HostError(f"this host refuses shard {shard}")
         node._record("open_ok", shard, generation)
         self.open_now[shard] = generation
         self.world.host_changed()
@@ -381,12 +401,12 @@ class World:
     def _active(self, fault: StoreFault | HostFault, name: str) -> bool:
         return fault.at <= self.now() < fault.until and fault.node in (None, name)
 
-    def store_conditions(self, name: str) -> tuple[float, float, float, float]:
-        """latency, jitter, error rate, lost-reply rate for a call starting now."""
+    def store_conditions(self, name: str, method: str) -> tuple[float, float, float, float]:
+        """latency, jitter, error rate, lost-reply rate for a call of `method` starting now."""
         latency = jitter = 0.0
         ok = lost_ok = 1.0
         for f in self.store_faults:
-            if self._active(f, name):
+            if self._active(f, name) and (f.calls is None or method in f.calls):
                 latency, jitter = max(latency, f.latency), max(jitter, f.jitter)
                 ok *= 1 - f.error_rate
                 lost_ok *= 1 - f.lost_reply_rate
@@ -402,6 +422,10 @@ class World:
                 ook *= 1 - f.open_error_rate
                 cok *= 1 - f.close_error_rate
         return ol, cl, 1 - ook, 1 - cok
+
+    def refuses(self, name: str, shard: int) -> bool:
+        """Whether `name`'s host refuses to open `shard` now."""
+        return any(self._active(f, name) and shard in f.refuse for f in self.host_faults)
 
     # -- balance -------------------------------------------------------------------
 

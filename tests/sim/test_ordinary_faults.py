@@ -1,0 +1,138 @@
+"""Properties of the engine under the ordinary faults of issue #8: slow store
+calls, throttling (503-like failures), a host refusing a shard, and a
+simultaneous start. Random seeds and sizes; every invariant of
+shardlease.sim.check must hold as well."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from shardlease.loop import preference
+from shardlease.sim import (
+    LEASE_WRITES,
+    STORE_CALLS,
+    HostFault,
+    ScenarioResult,
+    StoreFault,
+    run_scenario,
+)
+
+TTL, INTERVAL = 15.0, 5.0
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    print_blob=True)
+seeds = st.integers(0, 2**32 - 1)
+
+
+def ok(result: ScenarioResult) -> ScenarioResult:
+    assert result.violations == [], "\n".join(result.violations)
+    return result
+
+
+def fences(result: ScenarioResult, node: str | None = None) -> list[str]:
+    return [f"{ev.t:.3f} {ev.node} shard {ev.shard}" for ev in result.trace
+            if ev.kind == "self_fence" and node in (None, ev.node)]
+
+
+@settings(SETTINGS, max_examples=25)
+@given(nodes=st.integers(1, 4), shards=st.integers(1, 32), seed=seeds,
+       node=st.sampled_from([None, "n0"]), latency=st.sampled_from([4.0, 8.0, 15.0]),
+       jitter=st.sampled_from([0.0, 5.0]))
+def test_slow_calls_other_than_lease_writes_never_fence(
+        nodes: int, shards: int, seed: int, node: str | None, latency: float,
+        jitter: float) -> None:
+    # Heartbeat PUTs, LISTs and GETs up to 3 intervals late; lease writes healthy.
+    fault = StoreFault(30, 90, node=node, latency=latency, jitter=jitter,
+                       calls=STORE_CALLS - LEASE_WRITES)
+    r = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, faults=[fault]))
+    assert fences(r) == []
+    assert r.counts.get("lost", 0) == 0
+
+
+def kept_its_share(r: ScenarioResult, node: str, at: float, until: float) -> None:
+    """`node` had its fair share open when the fault began, and closed nothing
+    (no fence, no loss, no release) until it ended."""
+    share = math.ceil(r.shards / r.nodes)
+    opened: dict[int, int] = {}
+    for ev in r.trace:
+        if ev.t >= at:
+            break
+        if ev.node == node and ev.kind == "open_ok":
+            opened[ev.shard] = ev.generation
+        elif ev.node == node and ev.kind == "close_ok":
+            opened.pop(ev.shard, None)
+    assert len(opened) >= share - 1 and opened, (node, sorted(opened), share)
+    closes = [f"{ev.t:.3f} shard {ev.shard}" for ev in r.trace
+              if ev.node == node and ev.kind == "close_call" and at <= ev.t < until]
+    assert closes == [], closes
+    assert fences(r, node) == []
+
+
+@settings(SETTINGS, max_examples=12)
+@given(shards=st.integers(6, 32), seed=seeds)
+def test_a_node_whose_every_call_takes_three_tenths_of_a_ttl_keeps_its_share(
+        shards: int, seed: int) -> None:
+    at, until = 40.0, 110.0
+    r = ok(run_scenario(nodes=3, shards=shards, seed=seed, faults=[
+        StoreFault(at, until, node="n1", latency=0.3 * TTL)]))
+    note(r.format_trace({"self_fence", "close_call", "renew_failed", "renew_slow"}))
+    kept_its_share(r, "n1", at, until)
+
+
+@settings(SETTINGS, max_examples=12)
+@given(shards=st.integers(6, 32), seed=seeds)
+def test_a_node_with_three_in_ten_calls_failing_keeps_its_share(shards: int, seed: int) -> None:
+    at, until = 40.0, 110.0
+    r = ok(run_scenario(nodes=3, shards=shards, seed=seed, faults=[
+        StoreFault(at, until, node="n1", error_rate=0.3)]))
+    note(r.format_trace({"self_fence", "close_call", "renew_failed", "renew_slow"}))
+    kept_its_share(r, "n1", at, until)
+
+
+#: Rounds until a shard one host refuses is open on another node.
+REFUSED_BOUND_ROUNDS = 12
+#: Store requests per interval above a fault-free run's, on any node.
+EXTRA_REQUESTS_PER_INTERVAL = 3.0
+
+
+def requests_per_interval(r: ScenarioResult, node: str, t0: float, t1: float) -> float:
+    return r.requests_between(node, t0, t1) / ((t1 - t0) / r.interval)
+
+
+@settings(SETTINGS, max_examples=12)
+@given(nodes=st.integers(2, 4), shards=st.integers(2, 16), seed=seeds)
+def test_a_shard_one_host_refuses_opens_elsewhere_without_a_hot_loop(
+        nodes: int, shards: int, seed: int) -> None:
+    refused = max(range(shards), key=lambda s: preference("n1", s))  # n1 wants it most
+    until = 150.0
+    fault = HostFault(0, until, node="n1", refuse=frozenset({refused}))
+    r = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, faults=[fault]))
+    clean = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, settle=until))
+    elsewhere = [ev.t for ev in r.trace
+                 if ev.kind == "open_ok" and ev.shard == refused and ev.node != "n1"]
+    assert elsewhere, "the refused shard never opened anywhere"
+    rounds = math.ceil(elsewhere[0] / INTERVAL)
+    note(f"open elsewhere at {elsewhere[0]:.3f}: round {rounds}")
+    assert rounds <= REFUSED_BOUND_ROUNDS
+    for k in range(nodes):
+        name = f"n{k}"
+        faulty = requests_per_interval(r, name, INTERVAL, until)
+        normal = requests_per_interval(clean, name, INTERVAL, until)
+        note(f"{name}: {faulty:.2f} requests per interval (fault-free: {normal:.2f})")
+        assert faulty <= normal + EXTRA_REQUESTS_PER_INTERVAL, name
+        in_window = [ev.t for ev in r.trace if ev.node == name and ev.kind == "round"
+                     and ev.t < until]
+        assert len(in_window) <= until / INTERVAL + 1, (name, len(in_window))
+
+
+@settings(SETTINGS, max_examples=20)
+@given(nodes=st.integers(2, 6), shards=st.integers(1, 64), seed=seeds)
+def test_nodes_started_together_move_no_shard(nodes: int, shards: int, seed: int) -> None:
+    r = ok(run_scenario(nodes=nodes, shards=shards, seed=seed))
+    end = next(ev.t for ev in r.trace if ev.kind == "quiescent")
+    moves = [f"{ev.t:.3f} {ev.node} shard {ev.shard}" for ev in r.trace
+             if ev.kind == "close_call" and ev.t < end]
+    assert moves == []
+    assert r.claims == shards
