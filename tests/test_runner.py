@@ -15,7 +15,15 @@ from shardlease.errors import EngineError, HostError, RunnerDied
 from shardlease.runner import CLOSE_RETRY_FIRST, FENCED_CLOSE_ATTEMPTS, Reason, Runner, State
 from shardlease.sim.fakes import StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
-from shardlease.telemetry import Closed, Event, Opened, RenewSlow, SelfFence, Telemetry
+from shardlease.telemetry import (
+    Closed,
+    Event,
+    Opened,
+    Overrun,
+    RenewSlow,
+    SelfFence,
+    Telemetry,
+)
 
 
 def virtual(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -372,4 +380,71 @@ async def test_a_deadline_already_close_is_reported_before_the_fence_at_the_same
     kinds = [type(ev).__name__ for _, ev in h.events
              if isinstance(ev, RenewSlow | SelfFence)]
     assert kinds == ["RenewSlow", "SelfFence"]
+    await h.stop()
+
+
+@virtual
+async def test_a_fenced_close_is_abandoned_when_the_lease_can_be_taken() -> None:
+    h = Harness(margin=2.5).start()
+    h.runner.start(0, 7, deadline=10.0)
+    await idle()
+    h.host.close_delay[0] = 40.0  # the application hangs in close
+    await asyncio.sleep(30)
+    assert h.host.ops(0) == ["open", "opened", "close", "close_cancelled"]
+    assert h.host.times("close_cancelled", 0) == [12.5]  # deadline + margin, not 50
+    (t, overrun), = h.of(Overrun)
+    assert t == 12.5 and overrun.shard == 0 and overrun.generation == 7  # type: ignore[attr-defined]
+    assert overrun.late == 2.5  # type: ignore[attr-defined]
+    assert h.reasons(0) == [Reason.FENCED]
+    await h.stop()
+
+
+@virtual
+async def test_a_release_close_that_the_fence_overtakes_is_bounded_too() -> None:
+    h = Harness(margin=2.5).start()
+    h.runner.start(0, 1, deadline=10.0)
+    await idle()
+    h.host.close_delay[0] = 40.0
+    h.runner.stop(0, Reason.RELEASE)  # the close starts at 0 with the lease renewed...
+    await asyncio.sleep(5)
+    h.runner.extend(0, 20.0)  # ...until renewals stop: fenced at 20
+    await asyncio.sleep(30)
+    assert h.host.times("close_cancelled", 0) == [22.5]
+    assert [t for t, _ in h.of(SelfFence)] == [20.0] and len(h.of(Overrun)) == 1
+    assert h.reasons(0) == [Reason.FENCED]
+    await h.stop()
+
+
+@virtual
+async def test_cancelling_the_runner_closes_every_shard_at_once_within_its_expiry() -> None:
+    h = Harness(margin=2.5).start()
+    for s in range(3):
+        h.runner.start(s, 1, deadline=10.0 + s)
+    await idle()
+    for s in range(3):
+        h.host.close_delay[s] = 1.0
+    h.host.close_delay[2] = 60.0  # this one hangs
+    await asyncio.sleep(1)
+    await h.stop()
+    assert [h.host.times("close", s) for s in range(3)] == [[1.0], [1.0], [1.0]]  # concurrent
+    assert [h.host.times("closed", s) for s in range(3)] == [[2.0], [2.0], []]
+    assert h.host.times("close_cancelled", 2) == [12.0 + 2.5]  # its deadline + margin
+    assert now() == 14.5
+    assert [ev.shard for _, ev in h.of(Overrun)] == [2]  # type: ignore[attr-defined]
+
+
+@virtual
+async def test_a_shard_whose_close_was_abandoned_is_closed_before_it_opens_again() -> None:
+    h = Harness(margin=2.5).start()
+    h.runner.start(0, 1, deadline=10.0)
+    await idle()
+    h.host.close_delay[0] = 40.0
+    await asyncio.sleep(15)  # fenced at 10, abandoned at 12.5
+    assert len(h.of(Overrun)) == 1 and h.runner.state(0) is None
+    h.host.close_delay.clear()
+    h.runner.start(0, 2, deadline=50.0)  # claimed again later
+    await idle()
+    assert h.host.ops(0) == ["open", "opened", "close", "close_cancelled",
+                             "close", "closed", "open", "opened"]
+    assert h.host.open_now == {0: 2}
     await h.stop()

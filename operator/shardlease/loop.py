@@ -182,6 +182,7 @@ class PlacementLoop:
             max_concurrency=options.max_concurrency,
             open_timeout=options.open_timeout,
             close_timeout=options.close_timeout,
+            margin=options.margin_s,
             warn_ahead=options.interval_s / 2,
             on_closed=self._on_closed,
         )

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from shardlease.telemetry import (
     Closed,
     DeadlineMoved,
     Opened,
+    Overrun,
     RenewSlow,
     SelfFence,
     Telemetry,
@@ -77,6 +79,10 @@ class _Shard:
         self.stop.set()
 
 
+class _Expired(Exception):
+    """A fenced shard's close reached the lease's expiry."""
+
+
 #: Seconds between close attempts after a failure (doubling, capped).
 CLOSE_RETRY_FIRST = 0.5
 CLOSE_RETRY_MAX = 10.0
@@ -97,6 +103,7 @@ class Runner:
         max_concurrency: int = 16,
         open_timeout: float = 60.0,
         close_timeout: float = 60.0,
+        margin: float | None = None,
         warn_ahead: float = 0.0,
         on_closed: Callable[[int, Reason], None] | None = None,
     ) -> None:
@@ -107,6 +114,10 @@ class Runner:
         self.telemetry = telemetry
         self.open_timeout = open_timeout
         self.close_timeout = close_timeout
+        #: Seconds from a deadline to the lease's expiry (in this node's
+        #: eyes): a fenced shard's close gets at most until then, after which
+        #: another node may open the shard. None: unbounded (close_timeout).
+        self.margin = margin
         #: Seconds before a deadline at which a shard not renewed since is
         #: reported (renew_slow), so that no fence comes unannounced.
         self.warn_ahead = warn_ahead
@@ -116,6 +127,10 @@ class Runner:
         self._wake = asyncio.Event()
         self._failed: BaseException | None = None
         self._ending = False
+        #: Shards whose close was abandoned (an overrun, or a fenced close that
+        #: kept failing): the host may still have them open, so the next open
+        #: of one is preceded by a close.
+        self._unclosed: set[int] = set()
 
     @property
     def running(self) -> bool:
@@ -225,16 +240,29 @@ class Runner:
 
     async def _abort(self) -> None:
         """The supervisor is ending (cancelled or died): stop workers, then
-        close what may be open, so nothing stays open unfenced."""
+        close what may be open, so nothing stays open unfenced. The closes run
+        at once, each bounded by its lease's expiry."""
         workers = [st.task for st in self._shards.values() if st.task and not st.task.done()]
         for t in workers:
             t.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-        for st in list(self._shards.values()):
-            if st.state in (State.OPENING, State.OPEN, State.CLOSING):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.host.close(st.shard), self.close_timeout)
-                self._finish(st, st.reason or Reason.SHUTDOWN)
+
+        async def close(st: _Shard) -> None:
+            try:
+                await self._close_once(st, until=self._expiry(st))
+                self._unclosed.discard(st.shard)
+            except _Expired:
+                self._overrun(st)
+            except Exception as e:
+                logger.warning("close of shard %d failed on the way out: %s", st.shard, e)
+            self._finish(st, st.reason or Reason.SHUTDOWN)
+
+        await asyncio.gather(*(close(st) for st in list(self._shards.values())
+                               if st.state in (State.OPENING, State.OPEN, State.CLOSING)))
+
+    def _expiry(self, st: _Shard) -> float:
+        """When another node may take the shard's lease, as this node sees it."""
+        return math.inf if self.margin is None else st.deadline + self.margin
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failed is None:
@@ -247,6 +275,9 @@ class Runner:
         return st.deadline <= self.clock.monotonic()
 
     async def _drive(self, st: _Shard) -> None:
+        if st.shard in self._unclosed and not await self._close_abandoned(st):
+            self._finish(st, st.reason or Reason.OPEN_FAILED)
+            return
         opened = await self._open(st)
         if opened:
             st.state = State.OPEN
@@ -258,6 +289,19 @@ class Runner:
         if st.state in (State.OPENING, State.OPEN):
             await self._close(st)
         self._finish(st, st.reason or Reason.OPEN_FAILED)
+
+    async def _close_abandoned(self, st: _Shard) -> bool:
+        """Close at the host a shard whose last close was abandoned, before
+        opening it again: the host never sees two opens without a close.
+        Within the new lease's deadline; False if it failed (no open then)."""
+        try:
+            await self._close_once(st, until=st.deadline)
+        except Exception as e:  # _Expired too
+            logger.warning("shard %d: closing what an abandoned close left open failed, "
+                           "not opening it: %s", st.shard, e or "past the deadline")
+            return False
+        self._unclosed.discard(st.shard)
+        return True
 
     async def _open(self, st: _Shard) -> bool:
         """Open the shard unless it is stopped or fenced first. True when open."""
@@ -325,14 +369,19 @@ class Runner:
 
     async def _close(self, st: _Shard) -> None:
         """Close, retrying on failure. The lease is kept (and renewed by the
-        loop) until this returns, unless the shard is fenced."""
+        loop) until this returns, unless the shard is fenced: then the close
+        gets until the lease's expiry, and is abandoned there (an overrun)."""
         st.state = State.CLOSING
         delay = CLOSE_RETRY_FIRST
         attempt = 0
         while True:
             attempt += 1
             try:
-                await asyncio.wait_for(self.host.close(st.shard), self.close_timeout)
+                await self._close_once(st)
+                self._unclosed.discard(st.shard)
+                return
+            except _Expired:
+                self._overrun(st)
                 return
             except asyncio.CancelledError:
                 raise
@@ -341,11 +390,61 @@ class Runner:
             if st.reason is Reason.FENCED and attempt >= FENCED_CLOSE_ATTEMPTS:
                 logger.error("giving up closing fenced shard %d; the generation fences it",
                              st.shard)
+                self._unclosed.add(st.shard)
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, CLOSE_RETRY_MAX)
             if self._past_deadline(st) and st.reason is not Reason.FENCED:
                 st.fence()
+            if st.reason is Reason.FENCED and self.clock.monotonic() >= self._expiry(st):
+                self._overrun(st)
+                return
+
+    async def _close_once(self, st: _Shard, until: float | None = None) -> None:
+        """One close call, within `close_timeout`, and -- once the shard is
+        fenced, even during the call -- within its lease's expiry (or `until`):
+        past it the call is cancelled and `_Expired` raised."""
+        closing = asyncio.create_task(self.host.close(st.shard))
+        fenced = asyncio.create_task(st.fenced.wait())
+        end_try = self.clock.monotonic() + self.close_timeout
+        try:
+            while True:
+                bounded = until is not None or st.fenced.is_set()
+                expiry = until if until is not None else self._expiry(st)
+                end = min(end_try, expiry) if bounded else end_try
+                waiting = {closing} if bounded else {closing, fenced}
+                await asyncio.wait(waiting, timeout=max(0.0, end - self.clock.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if closing.done():
+                    return closing.result()
+                now = self.clock.monotonic()
+                if now >= end:
+                    closing.cancel()
+                    with contextlib.suppress(BaseException):
+                        await closing
+                    if bounded and now >= expiry:
+                        raise _Expired
+                    raise TimeoutError(f"close of shard {st.shard} took over "
+                                       f"{self.close_timeout:g}s")
+        except BaseException:
+            # Cancelled (the runner is ending): the call must end before any
+            # other call of this shard reaches the host.
+            if not closing.done():
+                closing.cancel()
+                with contextlib.suppress(BaseException):
+                    await closing
+            raise
+        finally:
+            fenced.cancel()
+
+    def _overrun(self, st: _Shard) -> None:
+        self._unclosed.add(st.shard)
+        late = self.clock.monotonic() - st.deadline
+        logger.error("close of fenced shard %d did not end before its lease could be taken "
+                     "(%.3gs after the deadline): abandoned; the generation fences it",
+                     st.shard, late)
+        self.telemetry.emit(Overrun(cluster=self.cluster, node=self.node, shard=st.shard,
+                                    generation=st.generation, late=late))
 
     def _finish(self, st: _Shard, reason: Reason) -> None:
         if st.state is State.CLOSED:

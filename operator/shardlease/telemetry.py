@@ -1,10 +1,11 @@
 """Telemetry: events as values, delivered to subscribers.
 
 The seed's events (claim, release, lost, self_fence, renew_failed) plus the
-runner's opened/closed and renew_slow (the warning before a fence), as frozen
-dataclasses. Subscribers are plain callables (the Python hook API); the
-Prometheus metrics and the structured logs are two such subscribers. A
-subscriber that raises is logged and never disturbs the loop.
+runner's opened/closed, renew_slow (the warning before a fence) and overrun (a
+fenced close abandoned at the lease's expiry), as frozen dataclasses.
+Subscribers are plain callables (the Python hook API); the Prometheus metrics
+and the structured logs are two such subscribers. A subscriber that raises is
+logged and never disturbs the loop.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ class RenewSlow(Event):
     KIND = "renew_slow"
     shards: tuple[int, ...]
     left: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrun(Event):
+    """A fenced shard's close did not end before its lease could be taken by
+    another node: the runner abandoned it (`late`: seconds past the deadline)."""
+
+    KIND = "overrun"
+    shard: int
+    generation: int
+    late: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +156,8 @@ def log_events(event: Event) -> None:
         level = logging.DEBUG
     elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease):
         level = logging.WARNING
+    elif isinstance(event, Overrun):
+        level = logging.ERROR
     else:
         level = logging.INFO
     fields = asdict(event)
@@ -169,6 +183,9 @@ class PrometheusMetrics:
         self.renew_slow = Counter("shardlease_renew_slow_shards",
                                   "Shards whose renewal was late enough to threaten their "
                                   "deadline", labels, registry=reg)
+        self.overruns = Counter("shardlease_close_overruns",
+                                "Fenced closes abandoned at the lease's expiry", labels,
+                                registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
         self.held = Gauge("shardlease_held_shards", "Leases held by this node", labels,
@@ -194,6 +211,8 @@ class PrometheusMetrics:
                 self.renew_failed.labels(*lab).inc()
             case RenewSlow(shards=shards):
                 self.renew_slow.labels(*lab).inc(len(shards))
+            case Overrun():
+                self.overruns.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
             case Round(live_nodes=live, share=share, held=held, duration=duration):

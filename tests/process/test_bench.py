@@ -20,8 +20,10 @@ FIGURES = [
     r"slow store, every call but lease writes 3 intervals late \(all nodes\): self-fences 0,",
     r"slow store, every call of one node 0.3 x TTL late: self-fences 0,",
     r"slow store, 30% of one node's calls failing \(503\): self-fences 0,",
-    r"refusing host, 2 nodes, 4 shards: rounds until the shard is open elsewhere: median \d",
-    r"refusing host, 4 nodes, 64 shards: rounds until the shard is open elsewhere: median \d",
+    r"refusing host, 2 nodes, 4 shards: rounds until the shard is open elsewhere for good: "
+    r"median \d",
+    r"refusing host, 4 nodes, 64 shards: rounds until the shard is open elsewhere for good: "
+    r"median \d",
     r"simultaneous start, 4 nodes, 64 shards: \d+ opens, \d+ closes per start",
     r"store requests per node per round, memory, 64 shards: \d+\.\d+ \(",
     r"loop CPU per round, memory, 64 shards: \d+\.\d+ ms per node",

@@ -63,7 +63,8 @@ def kept_its_share(r: ScenarioResult, node: str, at: float, until: float) -> Non
             opened[ev.shard] = ev.generation
         elif ev.node == node and ev.kind == "close_ok":
             opened.pop(ev.shard, None)
-    assert len(opened) >= share - 1 and opened, (node, sorted(opened), share)
+    least = r.shards - (r.nodes - 1) * share  # what is left when the others hold a share each
+    assert len(opened) >= max(1, least), (node, sorted(opened), share)
     closes = [f"{ev.t:.3f} shard {ev.shard}" for ev in r.trace
               if ev.node == node and ev.kind == "close_call" and at <= ev.t < until]
     assert closes == [], closes
@@ -107,14 +108,15 @@ def test_a_shard_one_host_refuses_opens_elsewhere_without_a_hot_loop(
         nodes: int, shards: int, seed: int) -> None:
     refused = max(range(shards), key=lambda s: preference("n1", s))  # n1 wants it most
     until = 150.0
-    fault = HostFault(0, until, node="n1", refuse=frozenset({refused}))
-    r = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, faults=[fault]))
-    clean = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, settle=until))
-    elsewhere = [ev.t for ev in r.trace
-                 if ev.kind == "open_ok" and ev.shard == refused and ev.node != "n1"]
-    assert elsewhere, "the refused shard never opened anywhere"
-    rounds = math.ceil(elsewhere[0] / INTERVAL)
-    note(f"open elsewhere at {elsewhere[0]:.3f}: round {rounds}")
+    # Calls take 10 ms: a loop that spins without backoff still lets time pass.
+    store = StoreFault(0, until, latency=0.01)
+    faults = [HostFault(0, until, node="n1", refuse=frozenset({refused})), store]
+    r = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, faults=faults))
+    clean = ok(run_scenario(nodes=nodes, shards=shards, seed=seed, faults=[store]))
+    since = r.open_for_good(refused, until, besides="n1")
+    assert since is not None, "the refused shard is not open on any other node"
+    rounds = math.ceil(since / INTERVAL)
+    note(f"open elsewhere for good from {since:.3f}: round {rounds}")
     assert rounds <= REFUSED_BOUND_ROUNDS
     for k in range(nodes):
         name = f"n{k}"

@@ -216,3 +216,20 @@ def test_figures_are_json_friendly() -> None:
     assert [b["kind"] for b in figures["balance"]] == ["start", "crash", "join", "leave"]
     assert len(figures["recovery_seconds"]) == 1
     assert all(math.isfinite(v) for v in figures["requests_per_round"].values())
+
+
+def test_a_fenced_close_that_hangs_ends_before_another_node_opens_the_shard() -> None:
+    # Issue #8 item 3: the store is cut off from n0 at 21 and its host's close
+    # takes 40 s; the fenced close used to finish at 72.5, 36.5 s after
+    # another node had opened the shard.
+    r = ok(run_scenario(nodes=2, shards=4, seed=11, faults=[
+        StoreFault(21, 100, node="n0", error_rate=1.0),
+        HostFault(21, 100, node="n0", close_latency=40.0)]))
+    fenced = {ev.shard for ev in r.trace if ev.node == "n0" and ev.kind == "self_fence"}
+    assert fenced and r.counts.get("overrun", 0) == len(fenced)
+    for shard in fenced:
+        gone = min(ev.t for ev in r.trace if ev.node == "n0" and ev.shard == shard
+                   and ev.kind in ("close_ok", "close_cancel"))
+        taken = min(ev.t for ev in r.trace if ev.node != "n0" and ev.shard == shard
+                    and ev.kind == "open_ok" and ev.t > 21)
+        assert gone <= taken, (shard, gone, taken)

@@ -46,6 +46,7 @@ gracefully (and is checked for what it left behind). `ScenarioResult` has:
   `request_times` (per node, the virtual time of every request) and
   `requests_between(node, t0, t1)`;
 - `counts`: claim, release, lost, self_fence, renew_failed, renew_slow, abandoned,
+  overrun,
   left_behind (leases or heartbeat a stop under store failures left to
   expire), open_err, close_err, crash, pause, leave, start; `claims`,
   `releases`;

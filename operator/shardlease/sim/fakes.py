@@ -31,7 +31,8 @@ from shardlease.telemetry import Event, Telemetry
 @dataclass(frozen=True)
 class Call:
     t: float
-    op: str  # open, opened, open_failed, open_cancelled, close, closed, close_failed
+    op: str  # open, opened, open_failed, open_cancelled, close, closed, close_failed,
+    # close_cancelled
     shard: int
     generation: int | None = None
 
@@ -52,6 +53,8 @@ class StrictHost:
         self.open_errors: dict[int, BaseException] = {}
         #: close(shard) fails this many more times.
         self.close_failures: Counter[int] = Counter()
+        #: close(shard) waits this long.
+        self.close_delay: dict[int, float] = {}
         #: close(shard) raises this (once), instead of HostError.
         self.close_raises: dict[int, BaseException] = {}
         #: called at the start of each close (e.g. to look at the store then).
@@ -103,7 +106,7 @@ class StrictHost:
             self.on_close(shard)
         self.in_call[shard] = "close"
         try:
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.close_delay.get(shard, 0))
             if (exc := self.close_raises.pop(shard, None)) is not None:
                 raise exc
             if self.close_failures[shard] > 0:
@@ -112,6 +115,9 @@ class StrictHost:
                 raise HostError(f"close of {shard} failed")
             self.open_now.pop(shard, None)
             self.calls.append(Call(self._now(), "closed", shard))
+        except asyncio.CancelledError:
+            self.calls.append(Call(self._now(), "close_cancelled", shard))
+            raise
         finally:
             self.in_call.pop(shard, None)
 

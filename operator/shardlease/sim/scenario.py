@@ -79,6 +79,22 @@ class ScenarioResult:
         """Store requests `node` (a label) made in [t0, t1)."""
         return sum(1 for t in self.request_times.get(node, ()) if t0 <= t < t1)
 
+    def open_for_good(self, shard: int, until: float, besides: str = "") -> float | None:
+        """When `shard` last became open on a node (other than the label
+        `besides`) to stay open there until `until`; None if it is not open
+        anywhere (else) then."""
+        since: dict[str, float] = {}
+        for ev in self.trace:
+            if ev.t >= until:
+                break
+            if (ev.shard != shard and ev.kind != "crash") or ev.node == besides:
+                continue
+            if ev.kind == "open_ok":
+                since[ev.node] = ev.t
+            elif ev.kind in ("close_call", "crash"):
+                since.pop(ev.node, None)
+        return min(since.values(), default=None)
+
     def recovery_seconds(self) -> list[float | None]:
         return [r.seconds for r in self.recovery]
 
@@ -231,7 +247,7 @@ async def _scenario(
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",
-        "corrupt",
+        "overrun", "corrupt",
         "open_err", "close_err", "crash", "pause", "leave", "start", "left_behind"})
     requests = {n.label: dict(n.store.requests) for n in world.nodes}
     per_round = {n.label: sum(n.store.requests.values()) / world.rounds[n.label]

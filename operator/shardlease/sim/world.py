@@ -54,6 +54,7 @@ from shardlease.telemetry import (
     Event,
     Lost,
     Opened,
+    Overrun,
     Release,
     RenewFailed,
     RenewSlow,
@@ -82,7 +83,9 @@ class TraceEvent:
     reported the shard closed while the host still has it open);
     runner deadlines: deadline (`value` = the runner's new deadline);
     telemetry: claim, release, lost, self_fence, renew_failed, renew_slow
-    (per shard, `value` = seconds left before its fence), opened
+    (per shard, `value` = seconds left before its fence), overrun (a fenced
+    close abandoned at the lease's expiry, `value` = seconds past the
+    deadline), opened
     (`value` = deadline), closed (`detail` = reason), corrupt, round
     (`value` = duration, `detail` = live/share/held/ok);
     the world: start, crash (`detail` = shards it held), pause (`value` =
@@ -204,6 +207,8 @@ class SimNode:
                     self._record("abandoned", s, self.host.open_now[s], 0.0, reason)
                     del self.host.open_now[s]
                     self.world.host_changed()
+            case Overrun(shard=s, generation=g, late=late):
+                self._record("overrun", s, g, late)
             case CorruptLease(shard=s, error=error):
                 self._record("corrupt", s, -1, 0.0, error)
             case Round(live_nodes=live, share=share, held=held, duration=d, ok=ok):
