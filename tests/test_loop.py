@@ -141,9 +141,9 @@ async def test_renewals_failing_for_their_budget_are_reported_and_the_fence_anno
     t_failed = [t for t, _ in a.of(RenewFailed)]
     (t_slow, slow), = a.of(RenewSlow)
     (t_fence, fence), = a.of(SelfFence)
-    # The try at 10 gave up within its budget; the next came at once, not at 15.
-    assert 10 < t_failed[0] < 15 and len(t_failed) >= 2
-    assert t_failed[0] < t_slow == 15.0 < t_fence == 17.5
+    # Warned half an interval before the fence; the try at 10 kept retrying
+    # while it could still help (until the deadline), and said it failed.
+    assert t_slow == 15.0 < t_failed[0] < t_fence == 17.5
     assert slow.shards == fence.shards == (0,) and slow.left == 2.5
     a.store.broken.clear()
     await a.stop()
@@ -415,7 +415,7 @@ async def test_graceful_stop_frees_a_fenced_lease_whose_free_had_failed() -> Non
     await asyncio.sleep(7)  # claimed at 5: deadline 17.5
     a.store.broken.add("update_lease")  # renewals fail; at 17.5 it is fenced,
     a.store.broken.add("get_lease")  # and freeing it fails: it is dropped
-    await asyncio.sleep(25)  # the renewal and the free in flight give up
+    await asyncio.sleep(35)  # the renewal and the free (a TTL) in flight give up
     assert a.host.times("close", 0) == [17.5]
     assert a.loop.held == {}
     rec = lease(backend, 0)
@@ -459,8 +459,9 @@ async def test_a_slow_heartbeat_or_listing_never_delays_a_renewal(method: str) -
     # every interval, those needing the slow call without its answer.
     rounds = [(t - ev.duration, ev) for t, ev in a.of(Round) if t > 10]
     assert all(ev.duration < 5.0 for _, ev in rounds)
-    if method == "list_leases":
-        assert not any(ev.ok for _, ev in rounds)
+    if method == "list_leases":  # a round joins the listing in flight: one in three ends
+        assert sum(ev.ok for _, ev in rounds) <= len(rounds) / 2
+        assert len([t for t, m in a.store.calls if m == "list_leases" and t > 10]) <= 5
     a.store.delay.clear()
     await a.stop()
 

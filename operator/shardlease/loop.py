@@ -18,11 +18,16 @@ Three schedules, each its own task, so that nothing slow on one delays another:
      peers' heartbeats may not be there yet, and a node that sees only itself
      would claim every shard only to release most of them a round later.
 
-Budgets. Every store call of a round, and every renewal, gets a budget below
+Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`CALL_BUDGET` of it): failures are retried within it after a
 backoff with jitter that never sleeps past it, and a call still unanswered at
-its end is abandoned. A slow or throttling store thus costs a round its
-claims, never a renewal its pace.
+its end is abandoned: the caller stops waiting. A read or heartbeat request
+itself goes on (cancelling an HTTP request costs its connection, and the next
+request would be slower still): the next caller joins it instead of starting
+another, and one unanswered for a whole TTL is cancelled. Claims are
+cancelled at the budget. A renewal may take until the shard's deadline (it
+is useful until then), and a free a TTL. A slow or throttling store thus
+costs a round its claims, never a renewal its pace.
 
 Time. Expiry and liveness are judged only on this node's monotonic clock:
 a record is expired when this node has seen its version unchanged for a whole
@@ -52,7 +57,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shardlease.clock import Clock, LoopClock
 from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
@@ -89,6 +94,10 @@ RETRY_FIRST = 0.05
 #: so a peer sees the shard free for a whole TTL and may adopt it first.
 COOLDOWN_FIRST = 2.0
 COOLDOWN_MAX = 8.0
+#: ...unless it has stayed free this many TTLs (no peer adopted it: perhaps
+#: every host failed it for a while), so a transient failure everywhere
+#: delays the shard by that much at most.
+COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
 #: The version `_Seen` records for a shard with no lease record at all.
@@ -205,6 +214,8 @@ class PlacementLoop:
         self._stopping = False
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -283,7 +294,7 @@ class PlacementLoop:
             await self._abandon(runner, keepers)
             raise
         else:
-            await _cancel(*keepers)
+            await _cancel(*keepers, *self._inflight.values())
             await _cancel(runner)
             await self._drain_tasks()
             if not self._hb_deleted:  # stop() could not delete it: try once more
@@ -322,12 +333,14 @@ class PlacementLoop:
     # -- store calls within a budget ----------------------------------------------
 
     async def _bounded(self, what: str, call: Callable[[], Awaitable[T]], *,
-                       retry: bool = True) -> T:
-        """`call()` within the budget: a `StoreError` is retried (if `retry`)
-        after a backoff with jitter that never sleeps past the budget; a call
-        still unanswered when it ends is abandoned (cancelled) and reported as
-        a `StoreError`. A `Conflict` is an answer: returned to the caller."""
-        end = self.clock.monotonic() + self.budget
+                       retry: bool = True, budget: float | None = None) -> T:
+        """`call()` within `budget` (default: the interval's): a `StoreError`
+        is retried (if `retry`) after a backoff with jitter that never sleeps
+        past the budget; a call still unanswered when it ends is cancelled
+        and reported as a `StoreError`. A `Conflict` is an answer: returned
+        to the caller."""
+        budget = self.budget if budget is None else max(self.budget, budget)
+        end = self.clock.monotonic() + budget
         pause = RETRY_FIRST * self.options.interval_s
         while True:
             left = end - self.clock.monotonic()
@@ -335,13 +348,43 @@ class PlacementLoop:
                 async with asyncio.timeout(max(0.0, left)):
                     return await call()
             except TimeoutError:
-                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
+                raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
             except StoreError:
                 wait = pause * self.rng.uniform(0.5, 1.5)
                 if not retry or self.clock.monotonic() + wait >= end:
                     raise
             await asyncio.sleep(wait)
             pause *= 2
+
+    async def _joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Like `_bounded`, for a read or a heartbeat write: past the budget
+        the caller stops waiting but the request goes on, and the next caller
+        with the same `key` joins it rather than start another one."""
+        end = self.clock.monotonic() + self.budget
+        pause = RETRY_FIRST * self.options.interval_s
+        while True:
+            task: asyncio.Task[T] | None = self._inflight.get(key)
+            if task is None or task.done():
+                task = asyncio.create_task(self._capped(call), name=f"shardlease-{key}")
+                self._inflight[key] = task
+            left = end - self.clock.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
+            except TimeoutError:
+                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
+            except StoreError:
+                wait = pause * self.rng.uniform(0.5, 1.5)
+                if self.clock.monotonic() + wait >= end:
+                    raise
+            await asyncio.sleep(wait)
+            pause *= 2
+
+    async def _capped(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self.ttl):
+                return await call()
+        except TimeoutError:
+            raise StoreError(f"no answer within a lease TTL ({self.ttl:g}s)") from None
 
     # -- heartbeats -----------------------------------------------------------------
 
@@ -360,7 +403,8 @@ class PlacementLoop:
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
                            seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
             try:
-                await self._bounded("heartbeat", lambda: self.store.put_heartbeat(hb))
+                await self._joined("heartbeat", "heartbeat",
+                                   lambda: self.store.put_heartbeat(hb))
             except StoreError as e:
                 logger.warning("heartbeat failed: %s", e)
 
@@ -419,9 +463,12 @@ class PlacementLoop:
             # deadline counts from the first, the earliest an observer can
             # have seen this renewal.
             sent = self.clock.monotonic()
+            # Useful until the deadline: a slow store may still save the shard.
+            deadline = self.runner.deadline(shard)
             try:
-                version = await self._bounded(f"renewal of shard {shard}",
-                                              lambda: self._write_held(held, lease))
+                version = await self._bounded(
+                    f"renewal of shard {shard}", lambda: self._write_held(held, lease),
+                    budget=None if deadline is None else deadline - sent)
             except Conflict:
                 self._lost(shard)
                 return
@@ -479,8 +526,8 @@ class PlacementLoop:
 
     async def _live_nodes(self) -> set[str]:
         try:
-            beats = await self._bounded("heartbeat listing",
-                                        lambda: self.store.list_heartbeats(self.cluster))
+            beats = await self._joined("heartbeats", "heartbeat listing",
+                                       lambda: self.store.list_heartbeats(self.cluster))
         except StoreError as e:
             logger.warning("could not read heartbeats, keeping the last live set: %s", e)
             return self._live
@@ -517,8 +564,8 @@ class PlacementLoop:
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:
-            leases = await self._bounded("lease listing",
-                                         lambda: self.store.list_leases(self.cluster))
+            leases = await self._joined("leases", "lease listing",
+                                        lambda: self.store.list_leases(self.cluster))
         except StoreError as e:
             logger.warning("could not read the leases, no claims this round: %s", e)
             return None
@@ -550,7 +597,8 @@ class PlacementLoop:
     def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
         if shard in self.held or self.runner.state(shard) is not None:
             return False
-        if (cool := self._cooldown.get(shard)) is not None and now < cool.until:
+        if (cool := self._cooldown.get(shard)) is not None and now < cool.until \
+                and self._free_for(shard, stored, now) <= COOLDOWN_WAIVED * self.ttl:
             return False
         if stored is None:
             return True
@@ -686,7 +734,7 @@ class PlacementLoop:
             lease = held.freeing
             try:
                 await self._bounded(f"free of shard {shard}",
-                                    lambda: self._write_held(held, lease))
+                                    lambda: self._write_held(held, lease), budget=self.ttl)
             except Conflict:
                 self.held.pop(shard, None)
                 self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
@@ -748,7 +796,7 @@ class PlacementLoop:
                        keepers: list[asyncio.Task[None]]) -> None:
         """Cancelled or failed: the runner closes every open shard (its abort),
         then free what we can without waiting for anything slow."""
-        await _cancel(*keepers)
+        await _cancel(*keepers, *self._inflight.values())
         await _cancel(runner)
         await self._drain_tasks()
         for shard, held in list(self.held.items()):
@@ -761,7 +809,7 @@ class PlacementLoop:
                                    self.options.interval_s)
 
 
-async def _cancel(*tasks: asyncio.Task[None]) -> None:
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

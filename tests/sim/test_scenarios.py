@@ -107,18 +107,16 @@ def test_a_store_slower_than_the_ttl_allows_is_safe_if_not_smooth() -> None:
     r = ok(run_scenario(nodes=3, shards=16, seed=7,
                         faults=[StoreFault(30, 90, latency=6.0, jitter=6.0)]))
     assert r.counts.get("self_fence", 0) > 0  # fenced, never doubly open ((a) holds)
-    # ...and never silently: each fence was announced ((k) holds), and failed
-    # renewals were reported before it.
+    # ...and never silently: each fence was announced ((k) holds).
     assert r.counts.get("renew_slow", 0) >= r.counts["self_fence"]
-    first_fence = min(kinds(r, "self_fence"))
-    assert any(t < first_fence for t in kinds(r, "renew_failed"))
 
 
 @pytest.mark.parametrize("node", [None, "n2"])
 def test_a_failing_store_with_lost_answers_is_safe(node: str | None) -> None:
     r = ok(run_scenario(nodes=3, shards=16, seed=8, faults=[
         StoreFault(30, 90, node=node, error_rate=0.3, lost_reply_rate=0.2)]))
-    assert r.counts.get("renew_failed", 0) > 0
+    # Retried within their budgets: nothing fenced, nothing taken for lost.
+    assert r.counts.get("self_fence", 0) == 0 and r.counts.get("lost", 0) == 0
 
 
 def test_host_open_and_close_failures_are_retried_and_safe() -> None:
