@@ -19,7 +19,7 @@ Three schedules, each its own task, so that nothing slow on one delays another:
      would claim every shard only to release most of them a round later.
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
-the interval (`CALL_BUDGET` of it): failures are retried within it after a
+the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
 backoff with jitter that never sleeps past it, and a call still unanswered at
 its end is abandoned: the caller stops waiting. A read or heartbeat request
 itself goes on (cancelling an HTTP request costs its connection, and the next
@@ -55,10 +55,11 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
+from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
 from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
@@ -78,16 +79,8 @@ from shardlease.telemetry import (
 
 logger = logging.getLogger("shardlease.loop")
 
-T = TypeVar("T")
-
 #: Store writes in flight at once for renewals and claims.
 WRITE_CONCURRENCY = 32
-#: Share of the interval a store call (with its retries) may take before it is
-#: abandoned: below 1, so the next renewal or round starts on time.
-CALL_BUDGET = 0.95
-#: First pause before retrying a failed store call, as a share of the interval
-#: (doubling, with jitter, within the call's budget).
-RETRY_FIRST = 0.05
 #: Cooldown of a shard this node failed to open, before it claims it again:
 #: doubling from COOLDOWN_FIRST * lease_ttl up to COOLDOWN_MAX * lease_ttl,
 #: times a jitter in [1, 1.5). The first is longer than a TTL and an interval,
@@ -215,7 +208,8 @@ class PlacementLoop:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
-        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self.calls = Calls(interval=options.interval_s, ttl=options.lease_ttl,
+                           clock=self.clock, rng=self.rng)
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -230,7 +224,7 @@ class PlacementLoop:
     @property
     def budget(self) -> float:
         """Seconds a store call (with its retries) may take before it is abandoned."""
-        return CALL_BUDGET * self.options.interval_s
+        return self.calls.budget
 
     def lookup(self, shard: int) -> str | None:
         """The owner of `shard` from the last good read, if it is a known peer
@@ -294,7 +288,7 @@ class PlacementLoop:
             await self._abandon(runner, keepers)
             raise
         else:
-            await _cancel(*keepers, *self._inflight.values())
+            await _cancel(*keepers, *self.calls.in_flight())
             await _cancel(runner)
             await self._drain_tasks()
             if not self._hb_deleted:  # stop() could not delete it: try once more
@@ -330,62 +324,6 @@ class PlacementLoop:
                 raise EngineError(f"the loop's task {task.get_name()} stopped") from (
                     None if task.cancelled() else task.exception())
 
-    # -- store calls within a budget ----------------------------------------------
-
-    async def _bounded(self, what: str, call: Callable[[], Awaitable[T]], *,
-                       retry: bool = True, budget: float | None = None) -> T:
-        """`call()` within `budget` (default: the interval's): a `StoreError`
-        is retried (if `retry`) after a backoff with jitter that never sleeps
-        past the budget; a call still unanswered when it ends is cancelled
-        and reported as a `StoreError`. A `Conflict` is an answer: returned
-        to the caller."""
-        budget = self.budget if budget is None else max(self.budget, budget)
-        end = self.clock.monotonic() + budget
-        pause = RETRY_FIRST * self.options.interval_s
-        while True:
-            left = end - self.clock.monotonic()
-            try:
-                async with asyncio.timeout(max(0.0, left)):
-                    return await call()
-            except TimeoutError:
-                raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
-            except StoreError:
-                wait = pause * self.rng.uniform(0.5, 1.5)
-                if not retry or self.clock.monotonic() + wait >= end:
-                    raise
-            await asyncio.sleep(wait)
-            pause *= 2
-
-    async def _joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Like `_bounded`, for a read or a heartbeat write: past the budget
-        the caller stops waiting but the request goes on, and the next caller
-        with the same `key` joins it rather than start another one."""
-        end = self.clock.monotonic() + self.budget
-        pause = RETRY_FIRST * self.options.interval_s
-        while True:
-            task: asyncio.Task[T] | None = self._inflight.get(key)
-            if task is None or task.done():
-                task = asyncio.create_task(self._capped(call), name=f"shardlease-{key}")
-                self._inflight[key] = task
-            left = end - self.clock.monotonic()
-            try:
-                return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
-            except TimeoutError:
-                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
-            except StoreError:
-                wait = pause * self.rng.uniform(0.5, 1.5)
-                if self.clock.monotonic() + wait >= end:
-                    raise
-            await asyncio.sleep(wait)
-            pause *= 2
-
-    async def _capped(self, call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            async with asyncio.timeout(self.ttl):
-                return await call()
-        except TimeoutError:
-            raise StoreError(f"no answer within a lease TTL ({self.ttl:g}s)") from None
-
     # -- heartbeats -----------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
@@ -403,7 +341,7 @@ class PlacementLoop:
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
                            seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
             try:
-                await self._joined("heartbeat", "heartbeat",
+                await self.calls.joined("heartbeat", "heartbeat",
                                    lambda: self.store.put_heartbeat(hb))
             except StoreError as e:
                 logger.warning("heartbeat failed: %s", e)
@@ -466,7 +404,7 @@ class PlacementLoop:
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
             try:
-                version = await self._bounded(
+                version = await self.calls.bounded(
                     f"renewal of shard {shard}", lambda: self._write_held(held, lease),
                     budget=None if deadline is None else deadline - sent)
             except Conflict:
@@ -526,7 +464,7 @@ class PlacementLoop:
 
     async def _live_nodes(self) -> set[str]:
         try:
-            beats = await self._joined("heartbeats", "heartbeat listing",
+            beats = await self.calls.joined("heartbeats", "heartbeat listing",
                                        lambda: self.store.list_heartbeats(self.cluster))
         except StoreError as e:
             logger.warning("could not read heartbeats, keeping the last live set: %s", e)
@@ -564,7 +502,7 @@ class PlacementLoop:
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:
-            leases = await self._joined("leases", "lease listing",
+            leases = await self.calls.joined("leases", "lease listing",
                                         lambda: self.store.list_leases(self.cluster))
         except StoreError as e:
             logger.warning("could not read the leases, no claims this round: %s", e)
@@ -733,7 +671,7 @@ class PlacementLoop:
                     "renewed_at": self.clock.wall()})
             lease = held.freeing
             try:
-                await self._bounded(f"free of shard {shard}",
+                await self.calls.bounded(f"free of shard {shard}",
                                     lambda: self._write_held(held, lease), budget=self.ttl)
             except Conflict:
                 self.held.pop(shard, None)
@@ -773,7 +711,7 @@ class PlacementLoop:
                                            "write_id": new_write_id(),
                                            "renewed_at": self.clock.wall()})
             try:
-                await self._bounded(f"free of stray shard {shard}",
+                await self.calls.bounded(f"free of stray shard {shard}",
                                     functools.partial(self.store.write_lease, lease,
                                                       stored.version))
             except Conflict:
@@ -796,7 +734,7 @@ class PlacementLoop:
                        keepers: list[asyncio.Task[None]]) -> None:
         """Cancelled or failed: the runner closes every open shard (its abort),
         then free what we can without waiting for anything slow."""
-        await _cancel(*keepers, *self._inflight.values())
+        await _cancel(*keepers, *self.calls.in_flight())
         await _cancel(runner)
         await self._drain_tasks()
         for shard, held in list(self.held.items()):

@@ -1,0 +1,100 @@
+"""Store calls within a budget: how the loop keeps a slow or throttling store
+from taking its pace.
+
+A budget is a share of the interval (`CALL_BUDGET`). Within it a failed call
+(`StoreError`) is retried after a jittered, doubling pause that never sleeps
+past the budget. A `Conflict` is an answer, returned at once. Past the budget
+the caller gets a `StoreError`, and:
+
+- `bounded` cancels the call (lease writes: a cancelled write that landed is
+  recognised later by the record's incarnation, or freed as a stray);
+- `joined` lets it go on, and the next caller with the same key joins it
+  instead of starting another (reads and heartbeats: cancelling an HTTP
+  request costs its connection, so the next one would be slower still). A
+  joined call unanswered for a whole TTL is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from shardlease.clock import Clock
+from shardlease.errors import StoreError
+
+T = TypeVar("T")
+
+#: Share of the interval a store call (with its retries) may take before it is
+#: abandoned: below 1, so the next renewal or round starts on time.
+CALL_BUDGET = 0.95
+#: First pause before retrying a failed store call, as a share of the interval
+#: (doubling, with jitter, within the call's budget).
+RETRY_FIRST = 0.05
+
+
+class Calls:
+    def __init__(self, *, interval: float, ttl: float, clock: Clock,
+                 rng: random.Random) -> None:
+        self.interval = interval
+        self.ttl = ttl
+        self.clock = clock
+        self.rng = rng
+        #: Seconds a call (with its retries) may take before it is abandoned.
+        self.budget = CALL_BUDGET * interval
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
+
+    def in_flight(self) -> list[asyncio.Task[Any]]:
+        """The joined calls still running (for the loop to cancel at its end)."""
+        return [t for t in self._inflight.values() if not t.done()]
+
+    async def bounded(self, what: str, call: Callable[[], Awaitable[T]], *,
+                      budget: float | None = None) -> T:
+        """`call()` within `budget` (never less than the interval's), retried;
+        cancelled past it."""
+        budget = self.budget if budget is None else max(self.budget, budget)
+        end = self.clock.monotonic() + budget
+        pause = RETRY_FIRST * self.interval
+        while True:
+            left = end - self.clock.monotonic()
+            try:
+                async with asyncio.timeout(max(0.0, left)):
+                    return await call()
+            except TimeoutError:
+                raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
+            except StoreError:
+                wait = pause * self.rng.uniform(0.5, 1.5)
+                if self.clock.monotonic() + wait >= end:
+                    raise
+            await asyncio.sleep(wait)
+            pause *= 2
+
+    async def joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` within the budget, retried; past it the caller stops
+        waiting, and the next caller with the same `key` joins the call."""
+        end = self.clock.monotonic() + self.budget
+        pause = RETRY_FIRST * self.interval
+        while True:
+            task: asyncio.Task[T] | None = self._inflight.get(key)
+            if task is None or task.done():
+                task = asyncio.create_task(self._capped(call), name=f"shardlease-{key}")
+                self._inflight[key] = task
+            left = end - self.clock.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
+            except TimeoutError:
+                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
+            except StoreError:
+                wait = pause * self.rng.uniform(0.5, 1.5)
+                if self.clock.monotonic() + wait >= end:
+                    raise
+            await asyncio.sleep(wait)
+            pause *= 2
+
+    async def _capped(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self.ttl):
+                return await call()
+        except TimeoutError:
+            raise StoreError(f"no answer within a lease TTL ({self.ttl:g}s)") from None
