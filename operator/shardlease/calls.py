@@ -79,6 +79,9 @@ class Calls:
             task: asyncio.Task[T] | None = self._inflight.get(key)
             if task is None or task.done():
                 task = asyncio.create_task(self._capped(call), name=f"shardlease-{key}")
+                # Its failure may reach nobody (every caller gave up): it is
+                # retrieved here, not reported at garbage collection.
+                task.add_done_callback(_retrieve)
                 self._inflight[key] = task
             left = end - self.clock.monotonic()
             try:
@@ -98,3 +101,8 @@ class Calls:
                 return await call()
         except TimeoutError:
             raise StoreError(f"no answer within a lease TTL ({self.ttl:g}s)") from None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
