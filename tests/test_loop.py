@@ -492,3 +492,15 @@ async def test_a_shard_the_host_refuses_cools_down_and_is_adopted_by_a_peer_at_i
     assert len(a.opened()) == 2 and len(b.opened()) == 2
     await a.stop()
     await b.stop()
+
+
+@virtual
+async def test_a_graceful_stop_waits_for_a_heartbeat_its_round_gave_up_on() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend)
+    a.store.delay["put_heartbeat"] = 8.0  # past the budget: the write goes on
+    a.start()
+    await asyncio.sleep(4.9)  # the heartbeat sent at 0 lands at 8; nobody waits for it now
+    assert (CLUSTER, "a") not in backend.heartbeats
+    await a.stop()
+    assert now() >= 8.0 and (CLUSTER, "a") not in backend.heartbeats

@@ -49,6 +49,12 @@ class Calls:
         """The joined calls still running (for the loop to cancel at its end)."""
         return [t for t in self._inflight.values() if not t.done()]
 
+    async def settled(self, key: str) -> None:
+        """Until the joined call `key` in flight (if any) has ended, however."""
+        task = self._inflight.get(key)
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+
     async def bounded(self, what: str, call: Callable[[], Awaitable[T]], *,
                       budget: float | None = None) -> T:
         """`call()` within `budget` (never less than the interval's), retried;

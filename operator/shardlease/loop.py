@@ -288,12 +288,16 @@ class PlacementLoop:
             await self._abandon(runner, keepers)
             raise
         else:
-            await _cancel(*keepers, *self.calls.in_flight())
+            await _cancel(*keepers)
+            if not self._hb_deleted:
+                # After stop()'s deletion (under the lock, once any heartbeat
+                # write in flight has ended), or instead of it if it failed.
+                with contextlib.suppress(StoreError, TimeoutError):
+                    await asyncio.wait_for(self._delete_heartbeat(),
+                                           self.ttl + self.options.interval_s)
+            await _cancel(*self.calls.in_flight())
             await _cancel(runner)
             await self._drain_tasks()
-            if not self._hb_deleted:  # stop() could not delete it: try once more
-                with contextlib.suppress(StoreError, TimeoutError):
-                    await asyncio.wait_for(self._delete_heartbeat(), self.options.interval_s)
         finally:
             self._done.set()
 
@@ -347,8 +351,10 @@ class PlacementLoop:
                 logger.warning("heartbeat failed: %s", e)
 
     async def _delete_heartbeat(self) -> None:
-        """After any heartbeat write in flight, so that it cannot land after."""
+        """After any heartbeat write in flight, so that it cannot land after
+        (also one its caller gave up waiting for: it goes on, up to a TTL)."""
         async with self._hb_lock:
+            await self.calls.settled("heartbeat")
             await self.store.delete_heartbeat(self.cluster, self.name)
             self._hb_deleted = True
 
