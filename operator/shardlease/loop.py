@@ -542,8 +542,9 @@ class PlacementLoop:
         if shard in self.held or self.runner.state(shard) is not None:
             return False
         if (cool := self._cooldown.get(shard)) is not None and now < cool.until \
+                and len(self._live) > 1 \
                 and self._free_for(shard, stored, now) <= COOLDOWN_WAIVED * self.ttl:
-            return False
+            return False  # (alone, there is nobody to leave it to)
         if stored is None:
             return True
         rec = stored.record

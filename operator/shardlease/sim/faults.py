@@ -95,11 +95,14 @@ Fault = Crash | Pause | StoreFault | HostFault | Join | Leave
 
 
 def fault_end(fault: Fault) -> float:
-    """When a fault stops acting (for the settling time after the last one)."""
+    """When a fault stops acting (for the settling time after the last one):
+    a slow call started just before its end fails or answers that much later."""
     match fault:
         case Pause(at=at, duration=d):
             return at + d
-        case StoreFault(until=until) | HostFault(until=until):
-            return until
+        case StoreFault(until=until, latency=latency, jitter=jitter):
+            return until + latency + jitter  # a call started just before `until` ends then
+        case HostFault(until=until, open_latency=ol, close_latency=cl):
+            return until + max(ol, cl)
         case _:
             return fault.at
