@@ -392,7 +392,8 @@ class Runner:
                              st.shard)
                 self._unclosed.add(st.shard)
                 return
-            await asyncio.sleep(delay)
+            # Never past the lease's expiry: a fenced close ends there.
+            await asyncio.sleep(max(0.0, min(delay, self._expiry(st) - self.clock.monotonic())))
             delay = min(delay * 2, CLOSE_RETRY_MAX)
             if self._past_deadline(st) and st.reason is not Reason.FENCED:
                 st.fence()

@@ -172,3 +172,16 @@ def test_a_fence_without_a_warning_since_the_last_deadline_is_caught() -> None:
     stale = [*owned("a", 0, 1, 0.0, 5.0), ev(2.5, "a", "renew_slow", 0, value=2.5),
              ev(3.0, "a", "deadline", 0, -1, 8.0, "renew"), ev(8.0, "a", "self_fence", 0)]
     assert check_announced(stale)[0].startswith("(k)")
+
+
+def test_a_fenced_shard_still_closing_when_its_lease_can_be_taken_is_caught() -> None:
+    from shardlease.sim.check import check_fenced_closes
+
+    fenced = [*owned("a", 0, 1, 0.0, 5.0), ev(5.0, "a", "self_fence", 0),
+              ev(5.0, "a", "close_call", 0)]
+    in_time = [*fenced, ev(7.5, "a", "close_cancel", 0), ev(7.5, "a", "closed", 0,
+                                                             detail="fenced")]
+    assert check_fenced_closes(in_time, margin=2.5) == []
+    late = [*fenced, ev(45.0, "a", "close_ok", 0), ev(45.0, "a", "closed", 0,
+                                                         detail="fenced")]
+    assert check_fenced_closes(late, margin=2.5)[0].startswith("(l)")

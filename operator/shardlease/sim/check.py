@@ -28,7 +28,10 @@ are the runner's, recorded at every claim and every renewal that moved them.
 (j) close before free: a node frees a lease only once its host has closed
                  the shard (or gave up closing it after a fence);
 (k) fences are announced: a self_fence of a shard comes after a renew_slow
-                 of it, since the last claim or renewal that set its deadline.
+                 of it, since the last claim or renewal that set its deadline;
+(l) fencing ends in time: the runner is done with a fenced shard (closed,
+                 or its close abandoned) by the fence's deadline + margin, when
+                 another node may take the lease (`check_fenced_closes`).
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -275,6 +278,32 @@ def check_announced(trace: Sequence[TraceEvent]) -> list[str]:
             case "self_fence" if key not in warned:
                 problems.append(f"(k) {ev.node} shard {ev.shard}: self-fenced at {ev.t:.3f} "
                                 f"with no renew_slow before")
+            case _:
+                pass
+    return problems
+
+
+def check_fenced_closes(trace: Sequence[TraceEvent], margin: float) -> list[str]:
+    """(l)"""
+    dl = deadlines(trace)
+    fenced: dict[tuple[str, int], float] = {}  # -> the deadline that was missed
+    problems = []
+    for i, ev in enumerate(trace):
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "self_fence":
+                d = dl.at(ev.node, ev.shard, i)
+                if d is not None:
+                    fenced[key] = d
+            case "closed" if key in fenced:
+                d = fenced.pop(key)
+                if ev.t > d + margin + EPSILON:
+                    problems.append(f"(l) {ev.node} shard {ev.shard}: fenced at {d:.3f} but "
+                                    f"closed only at {ev.t:.3f}, after {d + margin:.3f} when "
+                                    f"its lease could be taken")
+            case "crash":
+                for k in [k for k in fenced if k[0] == ev.node]:
+                    del fenced[k]
             case _:
                 pass
     return problems

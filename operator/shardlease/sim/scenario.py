@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlease.options import Options
-from shardlease.sim.check import Recovery, check_quiescence, check_trace, recoveries
+from shardlease.sim.check import (
+    Recovery,
+    check_fenced_closes,
+    check_quiescence,
+    check_trace,
+    recoveries,
+)
 from shardlease.sim.faults import (
     Crash,
     Fault,
@@ -243,6 +249,7 @@ async def _scenario(
     recs = recoveries(trace)
     bound = recovery_bound if recovery_bound is not None else ttl + 2 * interval_s
     problems = list(world.violations) + quiet_problems + check_trace(trace)
+    problems += check_fenced_closes(trace, opts.margin_s)
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
