@@ -39,7 +39,11 @@ on stores whose versions are content hashes (S3 ETags).
 A host that refuses a shard: after a failed open the shard cools down on this
 node (exponential backoff with jitter) before this node claims it again, and
 a shard that has stayed free for longer than a TTL may be claimed by any node,
-even one at its share, so that it finds a host that accepts it.
+even one at its share, so that it finds a host that accepts it. (No cooldown
+for a node that sees no live peer, nor for a shard free for two TTLs: then
+nobody else took it, and waiting longer only keeps it closed.) Freeing a
+lease never starts a round early, so a refused shard costs at most one
+claim, one open and one free per round.
 
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
 """
