@@ -4,7 +4,9 @@ pods that run without the agent, and a reconciliation that failed."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -301,13 +303,18 @@ async def test_two_replicas_one_leader_and_the_other_takes_over(
     await apply_crd(api)
     sa = client.CoreV1Api(api)
     await sa.create_namespaced_service_account(namespace, {"metadata": {"name": "db-app"}})
-    procs = []
+    procs, ports = [], []
     for i in range(2):
         (tmp_path / f"r{i}").mkdir()
+        cert = make_webhook_cert(tmp_path / f"r{i}" / "certs")
+        ports.append(free_port())
         procs.append(spawn("operator", [
             "operator", "--namespace", namespace, "--agent-image", "x", "--http", "",
-            "--leader-election", "--leader-election-namespace", namespace],
+            "--leader-election", "--leader-election-namespace", namespace,
+            "--webhook-cert-dir", str(tmp_path / f"r{i}" / "certs"), "--webhook-addr",
+            "127.0.0.1", "--webhook-port", str(ports[-1])],
             tmp_path / f"r{i}", env={"KUBECONFIG": kubeconfig}))
+    webhook = f"shardlease-{namespace}"
     try:
         def sts(name: str) -> dict[str, Any]:
             body = statefulset(name, namespace, {"shardlease.io/shards": "2"})
@@ -330,6 +337,29 @@ async def test_two_replicas_one_leader_and_the_other_takes_over(
         assert "created ShardSet" not in follower.log.read_text()
         assert "is now the leader" not in follower.log.read_text()
 
+        # The follower serves the webhook from its own view of the StatefulSets.
+        port = ports[procs.index(follower)]
+        cert = (tmp_path / f"r{procs.index(follower)}" / "certs" / "tls.crt").read_bytes()
+        await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
+            "metadata": {"name": webhook},
+            "webhooks": [{
+                "name": "inject-agent.shardlease.io",
+                "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-agent",
+                                 "caBundle": base64.b64encode(cert).decode()},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                      namespace}},
+                "failurePolicy": "Fail", "sideEffects": "None",
+                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5}]})
+        three = api.sanitize_for_serialization(
+            await apps.create_namespaced_stateful_set(namespace, sts("three")))
+        # Long after its watch showed the follower StatefulSet `three` (so it
+        # answers from its cache, not from its first listing or a read).
+        await asyncio.sleep(3)
+        pod = await sa.create_namespaced_pod(namespace, pod_for(three, 0))
+        assert has_agent(pod), "the follower did not inject the agent"
+
         leader.signal(signal.SIGKILL)
         await apps.create_namespaced_stateful_set(namespace, sts("two"))
         await eventually(lambda: shardset("two"), "the other replica to take over", 60)
@@ -340,3 +370,6 @@ async def test_two_replicas_one_leader_and_the_other_takes_over(
     finally:
         for p in procs:
             p.stop()
+        with contextlib.suppress(client.ApiException):
+            await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
+                webhook)

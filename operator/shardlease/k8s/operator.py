@@ -307,6 +307,11 @@ class Operator:
             return
         self.seen.add(key)
         self.latest[key] = sts
+        # The webhook's view, kept by every replica (followers serve it too).
+        if SHARDS in (meta.get("annotations") or {}):
+            self.statefulsets[key] = sts
+        else:
+            self.statefulsets.pop(key, None)
         if self.elector is not None and self._campaign is None:
             # From a resource handler: it inherits kopf's context (see _retrier).
             self._campaign = asyncio.create_task(self.elector.run(self._lead),
