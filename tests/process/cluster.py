@@ -140,6 +140,10 @@ class LocalCluster:
     def owners(self) -> Owners:
         result = self.shardlease("owners", "--store", self.store_url, "--cluster", self.name,
                                  "--shards", str(self.shards), "-o", "json")
+        if result.returncode == 1 and "does not exist" in result.stderr:
+            # A file store is made by the first node's first write: until
+            # then `owners` says it does not exist, and nobody owns anything.
+            return [{"shard": s, "owner": None, "generation": 0} for s in range(self.shards)]
         assert result.returncode == 0, result.stderr
         shards: Owners = json.loads(result.stdout)["shards"]
         assert [s["shard"] for s in shards] == list(range(self.shards))
