@@ -1034,8 +1034,11 @@ def image(load: bool = True) -> str:
         base = base_image()
         t0 = time.monotonic()
         # The classic builder: BuildKit is not part of Debian's engine.
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                             capture_output=True, text=True).stdout.strip() or "unknown"
         p = _run([_docker_cli(), "build", "--network", "host",
-                  "--build-arg", f"PYTHON_IMAGE={base}", "-t", IMAGE, str(root)],
+                  "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"REVISION={rev}",
+                  "-t", IMAGE, str(root)],
                  check=False, timeout=1800, env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
         if p.returncode != 0:
             raise ClusterError(f"docker build failed:\n{p.stdout.decode()[-4000:]}"
