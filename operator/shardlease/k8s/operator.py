@@ -190,7 +190,7 @@ class Operator:
             # them: without certificates the operator reconciles, nothing more.
             return
 
-        @kopf.on.mutate("", "v1", "pods", operation="CREATE", id="inject-agent", registry=reg)
+        @kopf.on.mutate("", "v1", "pods", operations={"CREATE"}, id="inject-agent", registry=reg)
         async def inject_agent(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             injected = await self.injected(dict(body))
             if injected is not None:
