@@ -360,37 +360,39 @@ class Agent:
     async def publish_once(self, loop: PlacementLoop, spec: ShardSetSpec,
                            refresh: bool = False) -> bool:
         """Publish the owners if they changed (or `refresh`: to move
-        observedTime, which says the status is alive). The write is a JSON patch that
-        tests the resourceVersion, so another writer's conditions are never
-        overwritten with a stale copy; a lost race re-reads and tries once more."""
+        observedTime, which says the status is alive).
+
+        A server-side apply as the field manager `shardlease-agent`: whichever
+        pod publishes, it owns the same fields (owners, generations, nodes,
+        the Balanced and Degraded conditions), and the API server keeps every
+        other writer's conditions (the operator's Configured, AgentsInjected
+        and Ready) however stale this pod's copy of the object is."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.shardset}"
         body = self.body or {}
-        for attempt in range(2):
-            meta = body.get("metadata") or {}
-            status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
-                                  meta.get("generation"), self.pod_name)
-            if not refresh and self._published is not None and \
-                    comparable(status) == comparable(self._published):
-                return False
-            status["conditions"] = merge_conditions(
-                status["conditions"], (body.get("status") or {}).get("conditions"),
-                meta.get("generation"))
-            patch = [{"op": "test", "path": "/metadata/resourceVersion",
-                      "value": meta.get("resourceVersion")},
-                     {"op": "add", "path": "/status", "value": status}]
-            code, answer = await call(self._api, "PATCH", path + "/status", patch,
-                                      "application/json-patch+json")
-            if code == 200:
-                self._published = status
-                self.body = answer
-                return True
-            if code not in (409, 422) or attempt:
-                raise StoreError(f"status patch refused: {code} {answer.get('message', '')}")
-            code, body = await call(self._api, "GET", path)
-            if code != 200:
-                raise StoreError(f"cannot read ShardSet {self.shardset}: {code} "
-                                 f"{body.get('message', '')}")
-        return False
+        meta = body.get("metadata") or {}
+        status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
+                              meta.get("generation"), self.pod_name)
+        if not refresh and self._published is not None and \
+                comparable(status) == comparable(self._published):
+            return False
+        ours = {c["type"] for c in status["conditions"]}
+        status["conditions"] = [
+            c for c in merge_conditions(status["conditions"],
+                                        (body.get("status") or {}).get("conditions"),
+                                        meta.get("generation"))
+            if c["type"] in ours]
+        apply = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+                 "metadata": {"name": self.shardset, "namespace": self.namespace},
+                 "status": status}
+        code, answer = await call(self._api, "PATCH", path + "/status", apply,
+                                  "application/apply-patch+yaml",
+                                  query=[("fieldManager", "shardlease-agent"),
+                                         ("force", "true")])
+        if code != 200:
+            raise StoreError(f"status apply refused: {code} {answer.get('message', '')}")
+        self._published = status
+        self.body = answer
+        return True
 
     # -- Kubernetes Events -------------------------------------------------------
 

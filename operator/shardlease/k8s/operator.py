@@ -498,10 +498,12 @@ class Operator:
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json",
-                    allow: tuple[int, ...] = (404, 409)) -> tuple[int, dict[str, Any]]:
+                    allow: tuple[int, ...] = (404, 409),
+                    query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
         """One API call; statuses in `allow` are returned, other failures
         become kopf.TemporaryError (kopf logs them and the next event retries)."""
-        status, payload = await call(await self.api(), method, path, body, content_type)
+        status, payload = await call(await self.api(), method, path, body, content_type,
+                                     query=query)
         if status >= 400 and status not in allow:
             raise kopf.TemporaryError(
                 f"{method} {path}: {status} {payload.get('message', '')}", delay=10)
@@ -574,27 +576,32 @@ class Operator:
 
     async def _set_condition(self, ns: str, name: str, status: str, reason: str,
                              message: str, type_: str = "Configured") -> None:
-        """Set one condition (`Configured` by default), keeping the others."""
-        for _ in range(5):
-            code, current = await self._call("GET", self._shardset_path(ns, name))
-            if code != 200:
-                return
-            meta = current.get("metadata") or {}
-            old = (current.get("status") or {}).get("conditions")
-            cond = {"type": type_, "status": status, "reason": reason, "message": message}
-            conditions = merge_conditions([cond], old, meta.get("generation"))
-            patch = [{"op": "test", "path": "/metadata/resourceVersion",
-                      "value": meta.get("resourceVersion")}]
-            if current.get("status") is None:
-                patch.append({"op": "add", "path": "/status", "value": {}})
-            patch.append({"op": "add", "path": "/status/conditions", "value": conditions})
-            code, _ = await self._call("PATCH", self._shardset_path(ns, name) + "/status",
-                                       patch, "application/json-patch+json",
-                                       allow=(404, 409, 422))
-            if code < 400:
-                return
-            await asyncio.sleep(0.2)
-        logger.warning("could not set the %s condition of %s/%s", type_, ns, name)
+        """Set one condition (`Configured` by default) by server-side apply.
+
+        Each condition type has a field manager of its own, so the API server
+        keeps every other writer's conditions (the agents' Balanced and
+        Degraded, this operator's other types) and no read-modify-write race
+        can drop one. The read only keeps lastTransitionTime when the status
+        did not change."""
+        code, current = await self._call("GET", self._shardset_path(ns, name))
+        if code != 200:
+            return
+        meta = current.get("metadata") or {}
+        old = (current.get("status") or {}).get("conditions")
+        cond = {"type": type_, "status": status, "reason": reason, "message": message}
+        (merged,) = [c for c in merge_conditions([cond], old, meta.get("generation"))
+                     if c["type"] == type_]
+        code, answer = await self._call(
+            "PATCH", self._shardset_path(ns, name) + "/status",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+             "metadata": {"name": name, "namespace": ns},
+             "status": {"conditions": [merged]}},
+            "application/apply-patch+yaml", allow=(404, 409, 422),
+            query=[("fieldManager", f"shardlease-operator-{type_.lower()}"),
+                   ("force", "true")])
+        if code >= 400 and code != 404:
+            logger.warning("could not set the %s condition of %s/%s: %s %s", type_, ns, name,
+                           code, answer.get("message", ""))
 
 
 def _replace(body: kopf.RawBody, new: dict[str, Any]) -> None:

@@ -1,0 +1,79 @@
+"""Status writers by server-side apply, on a real API server: an agent that
+publishes from a stale copy of the ShardSet never drops the operator's
+conditions, and each side's conditions keep their own transition times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from shardlease.k8s.agent import Agent
+from shardlease.k8s.spec import ShardSetSpec
+from shardlease.loop import Owner
+from shardlease.stores.kubernetes import api_client
+
+from .scenario import apply_crd
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+
+
+class Placement:
+    """What publish_once reads of a loop: the owners and the live nodes."""
+
+    def __init__(self, owners: dict[int, str]) -> None:
+        self._owners = owners
+
+    def owners(self) -> list[Owner]:
+        return [Owner(shard=s, owner=o, generation=1) for s, o in self._owners.items()]
+
+    def live_nodes(self) -> list[str]:
+        return sorted(set(self._owners.values()))
+
+
+async def conditions(custom: client.CustomObjectsApi, ns: str) -> dict[str, dict[str, Any]]:
+    obj = await custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "db")
+    return {c["type"]: c for c in obj["status"]["conditions"]}
+
+
+async def test_a_stale_agent_never_drops_the_operators_conditions(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient) -> None:
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    spec = {"statefulSet": "db", "shards": 2, "store": f"kubernetes://{namespace}"}
+    created = await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        "spec": spec})
+    agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
+    agent._api = await api_client_for(kubeconfig)
+    try:
+        agent.body = created  # the agent's copy, from before the operator wrote
+        # The operator writes its condition (its own field manager).
+        await custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "db",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+             "metadata": {"name": "db", "namespace": namespace},
+             "status": {"conditions": [{"type": "Configured", "status": "True",
+                                        "reason": "AnnotationsValid", "message": "ok",
+                                        "lastTransitionTime": "2026-11-30T12:00:00Z"}]}},
+            field_manager="shardlease-operator-configured", force=True,
+            _content_type="application/apply-patch+yaml")
+        shardset = ShardSetSpec.model_validate(spec)
+        assert await agent.publish_once(Placement({0: "db-0", 1: "db-0"}), shardset)  # type: ignore[arg-type]
+        got = await conditions(custom, namespace)
+        assert got["Configured"]["status"] == "True"  # kept, though the agent never saw it
+        assert got["Balanced"]["status"] == "True"
+        first = got["Balanced"]["lastTransitionTime"]
+        # Unbalanced now: Balanced flips, Configured is still there.
+        agent.body = created
+        assert await agent.publish_once(Placement({0: "db-0"}), shardset)  # type: ignore[arg-type]
+        got = await conditions(custom, namespace)
+        assert got["Balanced"]["status"] == "False"
+        assert got["Configured"]["lastTransitionTime"] == "2026-11-30T12:00:00Z"
+        assert first  # a transition time was written for each of the agent's conditions
+    finally:
+        await agent._api.close()
+
+
+async def api_client_for(kubeconfig: str) -> Any:
+    return await api_client(kubeconfig)
