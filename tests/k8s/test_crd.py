@@ -121,8 +121,8 @@ async def test_shardsets_are_not_in_kubectl_get_all(api_client: client.ApiClient
         "shardsets.shardlease.io")
     assert "all" not in (crd.spec.names.categories or [])
     columns = [c.name for c in crd.spec.versions[0].additional_printer_columns]
-    assert columns == ["Shards", "Owned", "Live", "Balanced", "Configured", "Store", "Age",
-                       "Message"]
+    assert columns == ["Shards", "Owned", "Live", "Ready", "Balanced", "Configured", "Store",
+                       "Age", "Message"]
 
 
 async def test_the_crd_upgrades_in_place_with_server_side_apply(

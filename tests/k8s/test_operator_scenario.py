@@ -8,6 +8,7 @@ The operator and the agents run as local processes (no kubelet here).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import signal
@@ -235,11 +236,15 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
                     text = await r.text()
                 assert f'shardlease_held_shards{{cluster="db",node="{name}"}}' in text
 
+        # What a user or a pipeline types to wait for it: Ready needs the
+        # operator's Configured, the agents' Balanced and no pod without agent.
+        await asyncio.to_thread(kubectl, kubeconfig, "wait", "-n", namespace,
+                                "--for=condition=Ready", "shardset/db", "--timeout=60s")
         table = kubectl(kubeconfig, "get", "shardsets", "-n", namespace)
         header, row = table.splitlines()[:2]
-        assert header.split() == ["NAME", "SHARDS", "OWNED", "LIVE", "BALANCED", "CONFIGURED",
-                                  "AGE"]
-        assert row.split()[:6] == ["db", str(SHARDS), str(SHARDS), "3", "True", "True"]
+        assert header.split() == ["NAME", "SHARDS", "OWNED", "LIVE", "READY", "BALANCED",
+                                  "CONFIGURED", "AGE"]
+        assert row.split()[:7] == ["db", str(SHARDS), str(SHARDS), "3", "True", "True", "True"]
         wide = kubectl(kubeconfig, "get", "shardsets", "-n", namespace, "-o", "wide")
         assert wide.splitlines()[0].split()[-2:] == ["AGE", "MESSAGE"]
         assert "at most" in wide.splitlines()[1], wide  # the Balanced message

@@ -217,6 +217,11 @@ class Agent:
         resume.set()
 
     async def close(self) -> None:
+        # Events already being posted (the last round's releases) go out
+        # first: cancelling them would hide the hand-off from `kubectl get events`.
+        posting = [t for t in self._tasks if t.get_name().endswith("-events")]
+        if posting:
+            await asyncio.wait(posting, timeout=5.0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -311,6 +316,14 @@ class Agent:
             except Exception as e:
                 raise LoopDied(f"the placement loop died: {type(e).__name__}: {e}") from e
         finally:
+            # What the last rounds did (a stop frees every lease after the
+            # last round that would have posted it): tell it before going.
+            if self._pending_events:
+                pending, self._pending_events = self._pending_events, []
+                try:
+                    await asyncio.wait_for(self._post_batch(pending), 5.0)
+                except Exception as e:
+                    logger.warning("could not post the last events: %r", e)
             await store.aclose()
             await host.aclose()
 
@@ -426,6 +439,8 @@ class Agent:
     async def _post(self, type_: str, reason: str, message: str) -> None:
         body = self.body
         if body is None or self._api is None:
+            logger.info("not posting %s (%s): %s", reason, message,
+                        "no ShardSet seen yet" if body is None else "no API client")
             return
         meta = body.get("metadata") or {}
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

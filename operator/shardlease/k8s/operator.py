@@ -175,6 +175,8 @@ class Operator:
             else:
                 self.shardsets[key] = dict(body)
                 self.metrics.shardsets.set(len(self.shardsets))
+                if self.leading():
+                    await self.update_ready(dict(body))
                 if self._stale_watch is None:  # in kopf's context (see _retrier)
                     self._stale_watch = asyncio.create_task(self._mark_stale_statuses(),
                                                             name="shardlease-stale")
@@ -385,6 +387,33 @@ class Operator:
                 except Exception as e:
                     logger.warning("ShardSet %s/%s: cannot mark the status stale: %s",
                                    ns, name, e)
+
+    async def update_ready(self, shardset: dict[str, Any]) -> None:
+        """Ready: configured, balanced, and no Ready pod without its agent; the
+        one condition `kubectl wait --for=condition=Ready` needs."""
+        meta = shardset.get("metadata") or {}
+        conds = {c.get("type"): c for c in (shardset.get("status") or {}).get("conditions") or []}
+
+        def status(type_: str) -> str | None:
+            return (conds.get(type_) or {}).get("status")
+        if status("Configured") != "True":
+            want = ("False", "NotConfigured",
+                    (conds.get("Configured") or {}).get("message") or "not configured yet")
+        elif status("AgentsInjected") == "False":
+            want = ("False", "AgentMissing", conds["AgentsInjected"].get("message", ""))
+        elif status("Balanced") != "True":
+            balanced = conds.get("Balanced") or {}
+            want = ("Unknown" if status("Balanced") == "Unknown" else "False",
+                    str(balanced.get("reason") or "NotBalanced"),
+                    balanced.get("message") or "no agent has published the owners yet")
+        else:
+            want = ("True", "Ready", "configured, every Ready pod runs the agent, and the "
+                    "shards are balanced")
+        ready = conds.get("Ready") or {}
+        if (ready.get("status"), ready.get("reason"), ready.get("message")) == want:
+            return
+        await self._set_condition(meta.get("namespace", ""), meta.get("name", ""), *want,
+                                  type_="Ready")
 
     async def _retry_failed(self) -> None:
         loop = asyncio.get_running_loop()
