@@ -108,12 +108,13 @@ async def test_owners_json_has_one_entry_per_shard_sorted(tmp_path: Path) -> Non
                         "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)  # one JSON object, nothing else on stdout
+    # No node ever ran: the owners have no heartbeat; these records carry no `since`.
     assert doc["shards"] == [
-        {"shard": 0, "owner": "a", "generation": 1},
-        {"shard": 1, "owner": None, "generation": 0},
-        {"shard": 2, "owner": "b", "generation": 3},
-        {"shard": 3, "owner": None, "generation": 0},
-        {"shard": 4, "owner": None, "generation": 7},
+        {"shard": 0, "owner": "a", "generation": 1, "since": None, "heartbeat": False},
+        {"shard": 1, "owner": None, "generation": 0, "since": None, "heartbeat": None},
+        {"shard": 2, "owner": "b", "generation": 3, "since": None, "heartbeat": False},
+        {"shard": 3, "owner": None, "generation": 0, "since": None, "heartbeat": None},
+        {"shard": 4, "owner": None, "generation": 7, "since": None, "heartbeat": None},
     ]
     assert "shard 3" in result.stderr and "corrupt" in result.stderr
 
@@ -121,7 +122,8 @@ async def test_owners_json_has_one_entry_per_shard_sorted(tmp_path: Path) -> Non
                         "--shards", "8", "-o", "json")
     shards = json.loads(result.stdout)["shards"]
     assert [s["shard"] for s in shards] == list(range(8))
-    assert shards[7] == {"shard": 7, "owner": None, "generation": 0}
+    assert shards[7] == {"shard": 7, "owner": None, "generation": 0, "since": None,
+                         "heartbeat": None}
 
 
 def test_owners_of_an_empty_cluster_is_an_empty_list(tmp_path: Path) -> None:
@@ -141,13 +143,20 @@ def test_owners_of_a_file_store_that_does_not_exist_says_so_and_fails(tmp_path: 
 
 
 def test_the_owners_table_aligns_columns_and_sums_up_per_owner() -> None:
-    rows = [OwnerRow(0, "node-a", 1), OwnerRow(1, None, 0), OwnerRow(10, "node-bb", 12)]
-    lines = owners_table(rows).splitlines()
-    assert lines[0].split() == ["SHARD", "OWNER", "GENERATION"]
+    now = 1_000_000.0
+    rows = [OwnerRow(0, "node-a", 1, now - 42, True), OwnerRow(1, None, 0, now - 600),
+            OwnerRow(10, "node-bb", 12, 0.0, False)]
+    lines = owners_table(rows, now=now).splitlines()
+    assert lines[0].split() == ["SHARD", "OWNER", "GENERATION", "SINCE"]
     assert [line.index(line.split()[1]) for line in lines[:4]] == [7] * 4
+    assert lines[1].split() == ["0", "node-a", "1", "42s"]
+    assert lines[2].split() == ["1", "-", "0", "10m"]
+    assert lines[3].split() == ["10", "node-bb", "*", "12", "-"]  # no heartbeat
     assert "node-a: 1 shard(s): 0" in lines
     assert "node-bb: 1 shard(s): 10" in lines
     assert "(unowned): 1 shard(s): 1" in lines
+    assert lines[-1].startswith("* no heartbeat from this owner")
+    assert not owners_table(rows[:2], now=now).splitlines()[-1].startswith("*")
 
 
 def test_peers_parse_as_name_equals_address() -> None:

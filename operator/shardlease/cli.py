@@ -257,7 +257,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
     try:
-        rows, problems = await read_owners(store, args.cluster, args.shards)
+        rows, problems = await read_owners(store, args.cluster, args.shards, heartbeats=True)
     except ShardleaseError as e:
         return _fail(f"store {args.store}: {e}", EXIT_FAILED)
     except Exception as e:
@@ -270,7 +270,8 @@ async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
     if args.output == "json":
         print(json.dumps({"cluster": args.cluster,
                           "shards": [{"shard": r.shard, "owner": r.owner,
-                                      "generation": r.generation} for r in rows]}))
+                                      "generation": r.generation, "since": r.since or None,
+                                      "heartbeat": r.heartbeat} for r in rows]}))
     else:
         print(owners_table(rows))
     return EXIT_OK

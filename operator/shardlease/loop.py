@@ -148,6 +148,8 @@ class Owner:
     shard: int
     owner: str | None
     generation: int
+    #: Wall-clock seconds since this owner (or none) has had it; 0 if unknown.
+    since: float = 0.0
 
 
 def preference(node: str, shard: int) -> int:
@@ -535,9 +537,9 @@ class PlacementLoop:
             if stored.record is not None:
                 gen = stored.record.generation
                 self._max_generation[shard] = max(gen, self._max_generation.get(shard, 0))
-                owners[shard] = Owner(shard, stored.record.owner, gen)
+                owners[shard] = Owner(shard, stored.record.owner, gen, stored.record.since)
         for shard, held in self.held.items():
-            owners[shard] = Owner(shard, self.name, held.lease.generation)
+            owners[shard] = Owner(shard, self.name, held.lease.generation, held.lease.since)
         self._owners = owners
         self.ready.set()
         return leases
@@ -607,9 +609,10 @@ class PlacementLoop:
         if stored is not None and stored.record is None:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
         generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
+        now = self.clock.wall()
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
                       incarnation=self.incarnation, write_id=new_write_id(),
-                      renewed_at=self.clock.wall(), ttl=self.ttl)
+                      renewed_at=now, since=now, ttl=self.ttl)
         sent = self.clock.monotonic()
         try:
             version = await self.store.write_lease(lease, stored.version if stored else None)
@@ -624,7 +627,7 @@ class PlacementLoop:
             self.held[shard] = held
             return
         self.held[shard] = _Held(lease, version, adopted=adopted)
-        self._owners[shard] = Owner(shard, self.name, generation)
+        self._owners[shard] = Owner(shard, self.name, generation, lease.since)
         try:
             self.runner.start(shard, generation, self._deadline(sent))
         except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
@@ -679,7 +682,7 @@ class PlacementLoop:
             if held.freeing is None:
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
-                    "renewed_at": self.clock.wall()})
+                    "renewed_at": self.clock.wall(), "since": self.clock.wall()})
             lease = held.freeing
             try:
                 await self.calls.bounded(f"free of shard {shard}",
@@ -720,7 +723,8 @@ class PlacementLoop:
                 continue
             lease = rec.model_copy(update={"owner": None, "incarnation": None,
                                            "write_id": new_write_id(),
-                                           "renewed_at": self.clock.wall()})
+                                           "renewed_at": self.clock.wall(),
+                                           "since": self.clock.wall()})
             try:
                 await self.calls.bounded(f"free of stray shard {shard}",
                                     functools.partial(self.store.write_lease, lease,

@@ -57,6 +57,10 @@ class Lease(BaseModel):
     #: Wall-clock seconds of the write; informational only (clock skew), never
     #: used to judge expiry.
     renewed_at: float = 0.0
+    #: Wall-clock seconds since which the lease has had this owner (or none):
+    #: set by a claim or a free, kept by renewals. Informational, like
+    #: renewed_at (`shardlease owners` shows it); 0 in records older than it.
+    since: float = 0.0
     ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
 
 

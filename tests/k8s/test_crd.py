@@ -66,7 +66,8 @@ async def test_the_status_of_the_largest_shardset_fits_with_the_longest_pod_name
         shardset("big", {**GOOD, "shards": MAX_SHARDS}))
     pods = [f"{'p' * (62 - len(str(i)))}-{i}" for i in range(16)]
     assert {len(p) for p in pods} == {63}
-    owners = [Owner(shard=s, owner=pods[s % 16], generation=4_000_000_000 + s)
+    owners = [Owner(shard=s, owner=pods[s % 16], generation=4_000_000_000 + s,
+                    since=1_800_000_000.0 + s)
               for s in range(MAX_SHARDS)]
     status = build_status(owners, pods, MAX_SHARDS, 1, pods[0])
     status["conditions"] = merge_conditions(status["conditions"], None, 1)  # as the agent does

@@ -47,6 +47,7 @@ async def make_shardset(api: client.ApiClient, ns: str) -> dict[str, Any]:
                  "selector": {"app": "db"}}})
     status = {"owners": {"0": "db-0", "1": "db-1", "2": "db-0", "3": "db-9"},
               "generations": {"0": 3, "1": 7, "2": 2, "3": 11}, "ownedShards": 4,
+              "since": {"0": "2026-11-30T11:59:00Z", "1": NOW},
               "liveNodes": 2, "nodes": ["db-0", "db-1"], "publishedBy": "db-0",
               "observedTime": NOW,
               "conditions": [{"type": "Balanced", "status": "False", "reason": "OwnersNotLive",
@@ -65,14 +66,19 @@ async def test_kubectl_shardlease_shows_owners_lookups_and_a_description(
     out = kubectl(kubeconfig, "shardlease", "owners", "db", "-n", namespace)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["SHARD", "OWNER", "GENERATION"]
-    assert lines[1].split() == ["0", "db-0", "3"]
-    assert lines[4].split() == ["3", "db-9", "*", "11"]  # not a live pod
-    assert "db-0: 2 shard(s)" in out.stdout and "db-9: 1 shard(s) (not live: *)" in out.stdout
+    # The same table as `shardlease owners`: owner, generation, since when.
+    assert lines[0].split() == ["SHARD", "OWNER", "GENERATION", "SINCE"]
+    assert lines[1].split()[:3] == ["0", "db-0", "3"]
+    assert lines[1].split()[3][-1] in "smhd"  # an age
+    assert lines[3].split() == ["2", "db-0", "2", "-"]  # no time published
+    assert lines[4].split() == ["3", "db-9", "*", "11", "-"]  # not a live pod
+    assert "db-0: 2 shard(s): 0 2" in out.stdout and "db-9: 1 shard(s): 3" in out.stdout
+    assert "* not a live pod" in out.stdout
 
     as_json = kubectl(kubeconfig, "shardlease", "-n", namespace, "owners", "db", "-o", "json")
     rows = json.loads(as_json.stdout)["shards"]
-    assert rows[1] == {"shard": 1, "owner": "db-1", "generation": 7, "live": True}
+    assert rows[1] == {"shard": 1, "owner": "db-1", "generation": 7, "since": NOW,
+                       "live": True}
     assert rows[3]["live"] is False
 
     key = next(k for k in (f"k{i}" for i in range(100)) if shard_for_key(k, 4) == 1)

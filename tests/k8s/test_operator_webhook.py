@@ -61,6 +61,12 @@ async def start_operator(api: client.ApiClient, namespace: str, kubeconfig: str,
         "--webhook-cert-dir", str(tmp_path / "certs"), "--webhook-addr", "127.0.0.1",
         "--webhook-port", str(port), "--http", http], tmp_path,
         env={"KUBECONFIG": kubeconfig})
+    return proc, await register_webhook(api, namespace, port, cert, "Ignore")
+
+
+async def register_webhook(api: client.ApiClient, namespace: str, port: int, cert: bytes,
+                           failure_policy: str) -> str:
+    """The injection webhook for this namespace's pods, served on loopback."""
     webhook = f"shardlease-{namespace}"
     await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
         "metadata": {"name": webhook},
@@ -71,10 +77,10 @@ async def start_operator(api: client.ApiClient, namespace: str, kubeconfig: str,
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
                        "resources": ["pods"]}],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "failurePolicy": "Ignore", "sideEffects": "None",
+            "failurePolicy": failure_policy, "sideEffects": "None",
             "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
         }]})
-    return proc, webhook
+    return webhook
 
 
 async def test_pods_created_right_behind_their_statefulset_get_the_agent(
@@ -340,18 +346,8 @@ async def test_two_replicas_one_leader_and_the_other_takes_over(
         # The follower serves the webhook from its own view of the StatefulSets.
         port = ports[procs.index(follower)]
         cert = (tmp_path / f"r{procs.index(follower)}" / "certs" / "tls.crt").read_bytes()
-        await client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration({
-            "metadata": {"name": webhook},
-            "webhooks": [{
-                "name": "inject-agent.shardlease.io",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-agent",
-                                 "caBundle": base64.b64encode(cert).decode()},
-                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                           "resources": ["pods"]}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
-                                                      namespace}},
-                "failurePolicy": "Fail", "sideEffects": "None",
-                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5}]})
+        # Fail, not Ignore: a webhook that did not answer must not pass as one that did.
+        await register_webhook(api, namespace, port, cert, "Fail")
         three = api.sanitize_for_serialization(
             await apps.create_namespaced_stateful_set(namespace, sts("three")))
         # Long after its watch showed the follower StatefulSet `three` (so it

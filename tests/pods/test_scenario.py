@@ -23,10 +23,8 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -39,6 +37,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.support.s3server import minio_server
+
 from .conftest import ROOT, Cluster, clmod, fresh_namespace
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,6 @@ SHARDS = 12
 TTL = 6  # seconds: interval 2, margin 1
 RELEASE, RELEASE_NS = "shardlease", "shardlease-system"
 GROUP = "shardlease.io"
-ACCESS_KEY, SECRET_KEY = "shardlease", "shardlease-secret"
 
 
 def eventually(check: Callable[[], T], what: str, timeout: float = 120.0,
@@ -85,39 +84,16 @@ def http(method: str, url: str, body: bytes | None = None,
 class Minio:
     endpoint: str
     bucket: str
+    access_key: str
+    secret_key: str
 
 
 @contextmanager
 def minio_on_node() -> Iterator[Minio]:
-    binary = clmod.cp.ensure_binaries(("minio",))["minio"]
-    with socket.socket() as s:
-        s.bind((clmod.NODE_IP, 0))
-        port = s.getsockname()[1]
-    endpoint = f"http://{clmod.NODE_IP}:{port}"
-    with tempfile.TemporaryDirectory(prefix="shardlease-pods-minio-") as data:
-        env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
-               "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "HOME": data}
-        log = open(os.path.join(data, "minio.log"), "wb")
-        proc = subprocess.Popen([str(binary), "server", os.path.join(data, "d"), "--address",
-                                 f"{clmod.NODE_IP}:{port}", "--quiet"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            eventually(lambda: http("GET", f"{endpoint}/minio/health/ready")[0] == 200,
-                       "MinIO to be ready", 60)
-            import boto3
-
-            s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                              aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
-            s3.create_bucket(Bucket="shardapp")
-            yield Minio(endpoint=endpoint, bucket="shardapp")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-            log.close()
+    """MinIO on the node's address, where the pods reach it."""
+    with minio_server(clmod.NODE_IP) as server:
+        yield Minio(endpoint=server.endpoint, bucket=server.create_bucket("shardapp"),
+                    access_key=server.access_key, secret_key=server.secret_key)
 
 
 # -- the chart, installed once for the module ------------------------------------------
@@ -178,8 +154,8 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3) -> di
                     "command": ["python", "-m", "shardlease.examples.shardapp", "--port", "8080",
                                 "--shards", str(SHARDS), "--store", store,
                                 "--agent", "http://127.0.0.1:8470"],
-                    "env": [{"name": "AWS_ACCESS_KEY_ID", "value": ACCESS_KEY},
-                            {"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET_KEY},
+                    "env": [{"name": "AWS_ACCESS_KEY_ID", "value": minio.access_key},
+                            {"name": "AWS_SECRET_ACCESS_KEY", "value": minio.secret_key},
                             {"name": "AWS_REGION", "value": "us-east-1"},
                             {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}],
                     "ports": [{"name": "http", "containerPort": 8080}],

@@ -87,6 +87,13 @@ def stop_and_check(cluster: LocalCluster) -> None:
 def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
         cluster: LocalCluster) -> None:
     before = start_balanced(cluster, NAMES)
+    # `shardlease owners` as a person reads it: owner, generation, since when.
+    table = cluster.shardlease("owners", "--store", cluster.store_url, "--cluster",
+                               cluster.name, "--shards", str(cluster.shards))
+    assert table.returncode == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines()[1:cluster.shards + 1]]
+    assert {r[1] for r in rows} == set(NAMES)  # every owner has a heartbeat: no "*"
+    assert all(r[3].endswith("s") for r in rows), table.stdout  # claimed seconds ago
     victim = "n1"
     lost = held_by(before, victim)
     assert lost

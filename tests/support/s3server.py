@@ -118,9 +118,10 @@ def moto_server() -> Iterator[S3Server]:
 
 
 @contextmanager
-def minio_server() -> Iterator[S3Server]:
+def minio_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
     """A real MinIO server (built from its Go module by e2e/controlplane and
-    cached) on a free loopback port with a throw-away data directory."""
+    cached) on a free port of `host` (loopback, or the test node's address)
+    with a throw-away data directory."""
     import socket
     import subprocess
     import tempfile
@@ -134,16 +135,16 @@ def minio_server() -> Iterator[S3Server]:
     except cpmod.BuildError as e:
         pytest.fail(f"cannot build minio (e2e/controlplane build minio):\n{e}", pytrace=False)
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="shardlease-minio-") as data:
         env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
                "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "HOME": data}
         log = open(os.path.join(data, "minio.log"), "wb")
         proc = subprocess.Popen(
-            [str(binary), "server", os.path.join(data, "d"), "--address", f"127.0.0.1:{port}",
+            [str(binary), "server", os.path.join(data, "d"), "--address", f"{host}:{port}",
              "--quiet"], stdout=log, stderr=subprocess.STDOUT, env=env)
-        endpoint = f"http://127.0.0.1:{port}"
+        endpoint = f"http://{host}:{port}"
         try:
             deadline = time.monotonic() + 60
             while True:

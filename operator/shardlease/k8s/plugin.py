@@ -26,11 +26,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardlease.errors import ShardleaseError
+from shardlease.owners import OwnerRow, owners_table
 from shardlease.routing import shard_for_key
 from shardlease.stores.kubernetes import api_client, call
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+NOT_LIVE = ("* not a live pod of the StatefulSet: lookups do not route to it, and its "
+            "shards are taken over once their leases expire")
+
+
+def _epoch(stamp: str | None) -> float:
+    try:
+        return dt.datetime.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return 0.0
 
 
 class PluginError(ShardleaseError):
@@ -108,9 +121,11 @@ class View:
     def rows(self) -> list[dict[str, Any]]:
         owners = self.status.get("owners") or {}
         generations = self.status.get("generations") or {}
+        since = self.status.get("since") or {}
         live = self.live()
         return [{"shard": s, "owner": owners.get(str(s)),
                  "generation": generations.get(str(s)),
+                 "since": since.get(str(s)),
                  "live": owners.get(str(s)) in live} for s in range(self.shards)]
 
 
@@ -121,17 +136,14 @@ async def owners(view: View, output: str) -> str:
                            "observedTime": view.status.get("observedTime"),
                            "shards": rows})
     now = dt.datetime.now(dt.UTC)
-    body = [(str(r["shard"]), (r["owner"] or "-") + ("" if r["live"] or not r["owner"]
-                                                      else " *"),
-             str(r["generation"] or "-")) for r in rows]
-    out = [table(("SHARD", "OWNER", "GENERATION"), body), ""]
-    counts = Counter(r["owner"] for r in rows)
-    for owner in sorted(counts, key=lambda o: (o is None, o or "")):
-        mark = "" if owner is None or owner in view.live() else " (not live: *)"
-        out.append(f"{owner or '(unowned)'}: {counts[owner]} shard(s){mark}")
-    out.append(f"\npublished by {view.status.get('publishedBy', '-')}, "
-               f"{ago(view.status.get('observedTime'), now)} ago")
-    return "\n".join(out)
+    # The same table as `shardlease owners`, with "not live" judged by the
+    # agents (the status's live nodes) instead of a heartbeat record.
+    table_rows = [OwnerRow(r["shard"], r["owner"], int(r["generation"] or 0),
+                           _epoch(r["since"]), None if r["owner"] is None else r["live"])
+                  for r in rows]
+    return (owners_table(table_rows, now.timestamp(), mark_note=NOT_LIVE)
+            + f"\n\npublished by {view.status.get('publishedBy', '-')}, "
+            f"{ago(view.status.get('observedTime'), now)} ago")
 
 
 async def lookup(view: View, key: str) -> str:

@@ -29,6 +29,10 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int,
                  observed_generation: int | None, publisher: str) -> dict[str, Any]:
     """The status fields (without transition times) for the owners read last."""
@@ -55,6 +59,8 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
     status: dict[str, Any] = {
         "owners": {str(s): owner for s, owner in sorted(owner_of.items())},
         "generations": {str(s): o.generation for s, o in sorted(owned.items())},
+        # When each owner took its shard (from the lease records; informational).
+        "since": {str(s): iso(o.since) for s, o in sorted(owned.items()) if o.since > 0},
         "ownedShards": len(owned),
         "liveNodes": len(live),
         "nodes": live,

@@ -99,6 +99,14 @@ def _epoch(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def _informational_epoch(text: Any) -> float:
+    """acquireTime only feeds `shardlease owners`: a bad one is 0, not a corrupt record."""
+    try:
+        return _epoch(text) if isinstance(text, str) else 0.0
+    except ValueError:
+        return 0.0
+
+
 def _is_label(text: str) -> bool:
     return len(text) <= 63 and bool(_DNS_LABEL.match(text))
 
@@ -156,7 +164,8 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
     }
     if lease.owner is not None:
         spec["holderIdentity"] = lease.owner
-        spec["acquireTime"] = _micro(acquired if acquired is not None else lease.renewed_at)
+        spec["acquireTime"] = _micro(lease.since or (acquired if acquired is not None
+                                                     else lease.renewed_at))
     annotations = {ANN_WRITE_ID: lease.write_id, ANN_TTL: repr(lease.ttl)}
     if lease.incarnation:
         annotations[ANN_INCARNATION] = lease.incarnation
@@ -220,6 +229,8 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
             "incarnation": ann.get(ANN_INCARNATION),
             "write_id": ann.get(ANN_WRITE_ID),
             "renewed_at": _epoch(spec.get("renewTime")),
+            "since": _informational_epoch(spec.get("acquireTime"))
+            if spec.get("holderIdentity") else 0.0,
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
         })
         return Stored(version, lease)
