@@ -8,9 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -88,42 +85,11 @@ def test_owners_reads_s3(s3_server: S3Server) -> None:
         for s in range(3)]
 
 
-class WebPage(BaseHTTPRequestHandler):
-    """Not S3: a web server answering every request with 200 and a page."""
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-        page = b"<!DOCTYPE html><html><body>Welcome</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(page)))
-        self.end_headers()
-        self.wfile.write(page)
-
-    do_GET = do_PUT = do_DELETE = do_HEAD = answer
-
-
-@pytest.fixture
-def web_page() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), WebPage)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
-
-
 @pytest.mark.parametrize("command", ["node", "owners"])
 def test_an_endpoint_that_is_not_s3_is_named_as_such_not_as_an_http_500(
-        web_page: str, command: str) -> None:
-    url = f"s3://leases/sl?endpoint={web_page}&path_style=true"
+        not_s3: str, command: str) -> None:
+    url = f"s3://leases/sl?endpoint={not_s3}&path_style=true"
     args = ["--name", "a", "--shards", "4"] if command == "node" else []
     result = shardlease(command, "--store", url, "--cluster", "c", *args, env=CREDENTIALS)
-    assert_store_error(result, "does not look like S3", "HTTP 200", "text/html", web_page)
+    assert_store_error(result, "does not look like S3", "HTTP 200", "text/html", not_s3)
     assert "500" not in result.stderr

@@ -780,38 +780,6 @@ async def test_server_errors_are_retried_a_few_times_then_a_store_error(
     assert dict(store.requests) == {"list": 3}
 
 
-class NotS3(BaseHTTPRequestHandler):
-    """A web server that answers every request with 200 and a page."""
-
-    page: ClassVar[bytes] = b"<!DOCTYPE html>\n<html><body>It works!</body></html>"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(self.page)))
-        self.end_headers()
-        self.wfile.write(self.page)
-
-    do_GET = do_PUT = do_DELETE = do_HEAD = answer
-
-
-@pytest.fixture
-def not_s3() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotS3)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
-
-
 async def test_an_endpoint_that_is_not_s3_is_reported_as_answering_200_not_500(
         s3_server: S3Server, not_s3: str) -> None:
     store = S3Store("bucket", "p", endpoint_url=not_s3, path_style=True)

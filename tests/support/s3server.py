@@ -25,7 +25,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import boto3
 import pytest
@@ -209,3 +210,35 @@ def s3_endpoint(s3_server: S3Server) -> str:
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> str:
     return s3_server.create_bucket()
+
+
+class NotS3(BaseHTTPRequestHandler):
+    """A web server that answers every request with 200 and a page."""
+
+    page: ClassVar[bytes] = b"<!DOCTYPE html>\n<html><body>It works!</body></html>"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(self.page)))
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = answer
+
+
+@pytest.fixture
+def not_s3() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotS3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
