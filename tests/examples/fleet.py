@@ -160,6 +160,10 @@ class Fleet:
             "--cluster", self.cluster, "--shards", str(self.shards), "-o", "json",
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+        if proc.returncode == 1 and b"does not exist" in err:
+            # A file store is made by the first node's first write: until
+            # then `owners` says it does not exist, and nobody owns anything.
+            return [{"shard": s, "owner": None, "generation": 0} for s in range(self.shards)]
         assert proc.returncode == 0, err.decode()
         shards: Owners = json.loads(out)["shards"]
         return shards

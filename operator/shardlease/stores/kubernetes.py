@@ -77,6 +77,9 @@ LABEL_KIND = f"{GROUP}/kind"
 ANN_INCARNATION = f"{GROUP}/incarnation"
 ANN_WRITE_ID = f"{GROUP}/write-id"
 ANN_TTL = f"{GROUP}/ttl"
+#: The record's `since`, exactly (acquireTime shows it to kubectl users too,
+#: but only to the microsecond, and the record must read back as written).
+ANN_SINCE = f"{GROUP}/since"
 ANN_NODE = f"{GROUP}/node"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 PAGE = 500
@@ -99,12 +102,13 @@ def _epoch(text: str | None) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _informational_epoch(text: Any) -> float:
-    """acquireTime only feeds `shardlease owners`: a bad one is 0, not a corrupt record."""
+def _informational_float(text: Any) -> float:
+    """`since` only feeds `shardlease owners`: a bad one is 0, not a corrupt record."""
     try:
-        return _epoch(text) if isinstance(text, str) else 0.0
+        value = float(text) if isinstance(text, str) else 0.0
     except ValueError:
         return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def _is_label(text: str) -> bool:
@@ -167,6 +171,8 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
         spec["acquireTime"] = _micro(lease.since or (acquired if acquired is not None
                                                      else lease.renewed_at))
     annotations = {ANN_WRITE_ID: lease.write_id, ANN_TTL: repr(lease.ttl)}
+    if lease.since:
+        annotations[ANN_SINCE] = repr(lease.since)
     if lease.incarnation:
         annotations[ANN_INCARNATION] = lease.incarnation
     meta: dict[str, Any] = {
@@ -229,8 +235,7 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
             "incarnation": ann.get(ANN_INCARNATION),
             "write_id": ann.get(ANN_WRITE_ID),
             "renewed_at": _epoch(spec.get("renewTime")),
-            "since": _informational_epoch(spec.get("acquireTime"))
-            if spec.get("holderIdentity") else 0.0,
+            "since": _informational_float(ann.get(ANN_SINCE)),
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
         })
         return Stored(version, lease)
