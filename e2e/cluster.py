@@ -1057,13 +1057,25 @@ def _load_image(image_id: str) -> None:
     if _ctr_image_config(IMAGE_REF) == image_id:
         return
     t0 = time.monotonic()
-    save = subprocess.Popen([_docker_cli(), "save", IMAGE], stdout=subprocess.PIPE,
-                            env=_docker_env())
-    imp = subprocess.run(["ctr", "-a", str(containerd_sock()), "-n", NS, "images", "import",
-                          "-"], stdin=save.stdout, capture_output=True, timeout=900)
-    save.wait()
+    for attempt in range(3):
+        save = subprocess.Popen([_docker_cli(), "save", IMAGE], stdout=subprocess.PIPE,
+                                env=_docker_env())
+        imp = subprocess.run(["ctr", "-a", str(containerd_sock()), "-n", NS, "images",
+                              "import", "-"], stdin=save.stdout, capture_output=True,
+                             timeout=900)
+        save.wait()
+        err = imp.stderr.decode()
+        # Replacing the tag leaves the old image's layers unreferenced, and
+        # containerd's garbage collector may remove a snapshot the new unpack
+        # was about to use as a parent ("parent snapshot ... does not exist",
+        # seen once in CI): the next attempt unpacks from what is there.
+        if imp.returncode != 0 and "snapshot" in err and attempt < 2:
+            _log(f"image import failed ({err.strip()[-200:]}); retrying")
+            time.sleep(2)
+            continue
+        break
     if save.returncode != 0 or imp.returncode != 0:
-        raise ClusterError(f"image import failed: {imp.stderr.decode()[-2000:]}")
+        raise ClusterError(f"image import failed: {err[-2000:]}")
     got = _ctr_image_config(IMAGE_REF)
     if got != image_id:
         raise ClusterError(f"imported {IMAGE_REF} has id {got}, expected {image_id}")

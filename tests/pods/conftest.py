@@ -96,6 +96,9 @@ def cluster():
     except Exception as e:  # every failure is the tests' failure, with its reason
         error = f"the node could not come up: {type(e).__name__}: {e}"
     if error:
+        if not was_running:  # leave the machine as it was, even when failing
+            with contextlib.suppress(Exception):
+                clmod.down()
         pytest.fail(error, pytrace=False)
     print(f"\n[cluster] node {'reused' if was_running else 'started'} in {t_up:.1f}s; "
           f"image {clmod.IMAGE} built/loaded in {t_image:.1f}s")
