@@ -78,13 +78,6 @@ class Operator:
         self.webhook = webhook
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces or []
-        #: (namespace, statefulset) -> inject the sidecar? (opted in, valid, not inject=false)
-        self.injectable: dict[tuple[str, str], bool] = {}
-        #: (namespace, statefulset) -> the last body seen, to recreate a deleted ShardSet.
-        self.statefulsets: dict[tuple[str, str], dict[str, Any]] = {}
-        #: Every StatefulSet the watch has shown, opted in or not: the webhook
-        #: reads only those it has never seen from the API server.
-        self.seen: set[tuple[str, str]] = set()
         #: (namespace, statefulset) -> the pods last reported without the agent.
         self.missing: dict[tuple[str, str], tuple[str, ...]] = {}
         self.applied: dict[tuple[str, str], Any] = {}
@@ -100,8 +93,10 @@ class Operator:
         #: complete (readiness waits for it).
         self.warm = asyncio.Event()
         self.http = http
-        #: Every StatefulSet's newest body (opted in or not): a new leader
-        #: reconciles them all.
+        #: Every StatefulSet's newest body, opted in or not, from the first
+        #: listing and the watch, kept by every replica: the webhook decides
+        #: from it (and reads only those it has never seen), a deleted ShardSet
+        #: is recreated from it, and a new leader reconciles them all.
         self.latest: dict[tuple[str, str], dict[str, Any]] = {}
         self.elector: LeaderElector | None = None
         if leader_election is not None:
@@ -182,7 +177,7 @@ class Operator:
                                                             name="shardlease-stale")
             if type == "DELETED":
                 self.applied.pop(key, None)
-                sts = self.statefulsets.get(key)
+                sts = self.opted_in(key)
                 if sts is not None and self.leading():
                     logger.info("ShardSet %s/%s was deleted while opted in: recreating", *key)
                     await self.reconcile_or_retry(sts)
@@ -228,9 +223,7 @@ class Operator:
         for sts in items:
             meta = sts.get("metadata") or {}
             key = (meta.get("namespace", ""), meta.get("name", ""))
-            self.seen.add(key)
-            if SHARDS in (meta.get("annotations") or {}):
-                self.statefulsets.setdefault(key, sts)
+            self.latest.setdefault(key, sts)  # the watch may have shown a newer one
         self.warm.set()
         logger.info("cache warm: %d StatefulSet(s) seen", len(items))
 
@@ -258,8 +251,8 @@ class Operator:
         if name is None or not namespace:
             return None
         key = (namespace, name)
-        sts = self.statefulsets.get(key)
-        if sts is None and key not in self.seen:
+        sts = self.opted_in(key)
+        if sts is None and key not in self.latest:
             # Created a moment ago: the watch has not shown it yet.
             sts = await self._read_statefulset(namespace, name)
         if sts is None or not inject_wanted(sts):
@@ -299,27 +292,25 @@ class Operator:
         if event_type == "DELETED":
             # The ShardSet and RoleBinding are owned by it: the garbage
             # collector removes them.
-            self.seen.discard(key)
             self.missing.pop(key, None)
-            self.statefulsets.pop(key, None)
-            self.injectable.pop(key, None)
             self.applied.pop(key, None)
             self.retries.pop(key, None)
             self.latest.pop(key, None)
             return
-        self.seen.add(key)
         self.latest[key] = sts
-        # The webhook's view, kept by every replica (followers serve it too).
-        if SHARDS in (meta.get("annotations") or {}):
-            self.statefulsets[key] = sts
-        else:
-            self.statefulsets.pop(key, None)
         if self.elector is not None and self._campaign is None:
             # From a resource handler: it inherits kopf's context (see _retrier).
             self._campaign = asyncio.create_task(self.elector.run(self._lead),
                                                  name="shardlease-leader")
         if self.leading():
             await self.reconcile_or_retry(sts)
+
+    def opted_in(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The newest body of a StatefulSet that carries the opt-in annotation."""
+        sts = self.latest.get(key)
+        if sts is None or SHARDS not in ((sts.get("metadata") or {}).get("annotations") or {}):
+            return None
+        return sts
 
     def leading(self) -> bool:
         """Whether this replica reconciles (always, without leader election)."""
@@ -439,7 +430,6 @@ class Operator:
         try:
             spec = spec_from_annotations(sts)
         except ConfigError as e:
-            self.statefulsets[key] = sts
             if self.applied.get(key) == ("invalid", str(e)):
                 return
             logger.warning("StatefulSet %s/%s: %s", ns, name, e)
@@ -449,14 +439,10 @@ class Operator:
             self.applied[key] = ("invalid", str(e))
             return
         if spec is None:
-            self.statefulsets.pop(key, None)
-            self.injectable.pop(key, None)
             if key in self.applied or await self._owned_shardset(ns, name, meta.get("uid")):
                 await self._remove(ns, name, meta.get("uid"))
                 self.applied.pop(key, None)
             return
-        self.statefulsets[key] = sts
-        self.injectable[key] = inject_wanted(sts)
         template = ((sts.get("spec") or {}).get("template") or {}).get("spec") or {}
         account = template.get("serviceAccountName") or "default"
         allowed = account != "default" or default_account_allowed(sts)
@@ -482,7 +468,7 @@ class Operator:
             if allowed:
                 kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="ShardSetApplied",
                           message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
-        if self.injectable[key]:
+        if inject_wanted(sts):
             await self._check_agents(sts)
 
     async def _check_agents(self, sts: dict[str, Any]) -> None:
