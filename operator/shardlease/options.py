@@ -9,7 +9,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardlease.errors import ConfigError
-from shardlease.records import MAX_LEASE_TTL
+from shardlease.records import MAX_LEASE_TTL, Renewal
 
 
 class Options(BaseModel):
@@ -43,6 +43,11 @@ class Options(BaseModel):
     max_concurrency: int = Field(default=16, ge=1)
     open_timeout: float = Field(default=60.0, gt=0, description="Seconds an open may take.")
     close_timeout: float = Field(default=60.0, gt=0, description="Seconds one close try may take.")
+    renewal: Renewal = Field(
+        default="shard",
+        description="How held leases are kept: 'shard' rewrites every lease every interval; "
+        "'node' rewrites only this node's epoch record, and a lease only when it is "
+        "claimed or freed (store traffic grows with the nodes, not the shards).")
 
     @property
     def interval_s(self) -> float:

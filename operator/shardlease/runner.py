@@ -165,6 +165,23 @@ class Runner:
                 cluster=self.cluster, node=self.node, shard=shard, generation=st.generation,
                 deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
 
+    def fence(self, shards: list[int]) -> None:
+        """Fence these shards now, whatever their deadline (their lease was
+        found invalid before it: a node-mode epoch ended by a peer)."""
+        fenced = []
+        for shard in shards:
+            st = self._shards.get(shard)
+            if st is not None and st.reason is not Reason.FENCED \
+                    and st.state is not State.CLOSED:
+                st.deadline = min(st.deadline, self.clock.monotonic())
+                st.fence()
+                fenced.append(shard)
+        if fenced:
+            logger.warning("self-fencing shards %s: their lease is no longer valid", fenced)
+            self.telemetry.emit(SelfFence(cluster=self.cluster, node=self.node,
+                                          shards=tuple(sorted(fenced))))
+            self._wake.set()
+
     def stop(self, shard: int, reason: Reason) -> None:
         """Close a shard (after its open, if one is running)."""
         st = self._shards.get(shard)

@@ -85,6 +85,18 @@ class Overrun(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EpochEnded(Event):
+    """Node-mode renewal: the epoch `epoch` of node `owner` was ended, by this
+    node (`owner` != `node`: it takes over the epoch's leases) or by a peer
+    (`owner` == `node`: this node learned it and fenced `shards`)."""
+
+    KIND = "epoch_ended"
+    owner: str
+    epoch: str
+    shards: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Opened(Event):
     KIND = "opened"
     shard: int
@@ -154,7 +166,8 @@ def log_events(event: Event) -> None:
     """Structured logs: one record per event, its fields in `extra`."""
     if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
-    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease):
+    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
+                    | EpochEnded):
         level = logging.WARNING
     elif isinstance(event, Overrun):
         level = logging.ERROR
@@ -188,6 +201,10 @@ class PrometheusMetrics:
                                 registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
+        self.epochs_ended = Counter("shardlease_epochs_ended",
+                                    "Epochs ended: by this node (role=peer), or this node's "
+                                    "own, ended by a peer (role=own)", [*labels, "role"],
+                                    registry=reg)
         self.held = Gauge("shardlease_held_shards", "Leases held by this node", labels,
                           registry=reg)
         self.live = Gauge("shardlease_live_nodes", "Nodes seen live", labels, registry=reg)
@@ -215,6 +232,8 @@ class PrometheusMetrics:
                 self.overruns.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
+            case EpochEnded(owner=owner):
+                self.epochs_ended.labels(*lab, "own" if owner == event.node else "peer").inc()
             case Round(live_nodes=live, share=share, held=held, duration=duration):
                 self.held.labels(*lab).set(held)
                 self.live.labels(*lab).set(live)

@@ -23,7 +23,7 @@ import abc
 import collections
 
 from shardlease.errors import Conflict, StoreError
-from shardlease.records import Heartbeat, Lease, Stored
+from shardlease.records import Epoch, Heartbeat, Lease, Stored
 
 #: The version prefix of a lease reported after it vanished (see the module doc).
 VANISHED = "vanished:"
@@ -106,6 +106,51 @@ class LeaseStore(abc.ABC):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         """Remove a node's heartbeat (graceful stop), so that peers stop
         counting it at once. Missing is not an error."""
+
+    # -- epochs (node-mode renewal) --------------------------------------------
+    #
+    # One record per (node, epoch), so that a listing alone tells each epoch
+    # apart (no GET per node per round). A missing record on update is a
+    # `Conflict`, never a create: an epoch that was ended or deleted can never
+    # be written again by its owner.
+
+    @abc.abstractmethod
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        """The epoch records of the cluster: (node, epoch) -> version."""
+
+    @abc.abstractmethod
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        """One epoch record, or None."""
+
+    @abc.abstractmethod
+    async def create_epoch(self, record: Epoch) -> str:
+        """Create the record if none exists; its version. `Conflict` if one does."""
+
+    @abc.abstractmethod
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        """Replace the record if its version is still `version` (`Conflict`
+        if it changed or is gone); the new version."""
+
+    @abc.abstractmethod
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        """Remove an epoch record (missing is not an error)."""
+
+    async def write_epoch(self, record: Epoch, version: str | None) -> str:
+        """Create (version None) or compare-and-swap an epoch record,
+        recognising a write of our own whose answer was lost, as `write_lease`."""
+        try:
+            if version is None:
+                return await self.create_epoch(record)
+            return await self.update_epoch(record, version)
+        except (StoreError, Conflict) as first:
+            try:
+                current = await self.get_epoch(record.cluster, record.node, record.epoch)
+            except StoreError:
+                raise first from None
+            if current is not None and current.record is not None \
+                    and current.record.write_id == record.write_id:
+                return current.version
+            raise
 
     # -- shared behaviour -----------------------------------------------------
 

@@ -65,7 +65,15 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import ValidationError
 
 from shardlease.errors import ConfigError, Conflict, StoreError
-from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored
+from shardlease.records import (
+    MAX_RECORD_BYTES,
+    Epoch,
+    Heartbeat,
+    Lease,
+    Stored,
+    encode,
+    stored_epoch,
+)
 from shardlease.stores.base import LeaseStore
 
 logger = logging.getLogger("shardlease.store.kubernetes")
@@ -81,6 +89,11 @@ ANN_TTL = f"{GROUP}/ttl"
 #: but only to the microsecond, and the record must read back as written).
 ANN_SINCE = f"{GROUP}/since"
 ANN_NODE = f"{GROUP}/node"
+#: "node" on a lease kept by its owner's epoch (absent: "shard").
+ANN_RENEWAL = f"{GROUP}/renewal"
+ANN_EPOCH = f"{GROUP}/epoch"
+#: An epoch record, whole (its JSON), on the epoch's Lease object.
+ANN_RECORD = f"{GROUP}/record"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 PAGE = 500
 #: Largest Lease object accepted (without managedFields), in bytes.
@@ -141,6 +154,11 @@ def node_object_name(cluster: str, node: str) -> str:
     return object_name(cluster, "node", node)
 
 
+def epoch_object_name(cluster: str, node: str, epoch: str) -> str:
+    """An epoch Lease's name (epoch ids have no dot, so the pair reads back)."""
+    return object_name(cluster, "epoch", f"{node}.{epoch}")
+
+
 def lease_name(cluster: str, shard: int) -> str:
     """A shard Lease's name."""
     return object_name(cluster, "shard", str(shard))
@@ -175,6 +193,8 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
         annotations[ANN_SINCE] = repr(lease.since)
     if lease.incarnation:
         annotations[ANN_INCARNATION] = lease.incarnation
+    if lease.renewal != "shard":
+        annotations[ANN_RENEWAL] = lease.renewal
     meta: dict[str, Any] = {
         "name": name or lease_name(lease.cluster, lease.shard),
         "namespace": namespace,
@@ -237,6 +257,7 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
             "renewed_at": _epoch(spec.get("renewTime")),
             "since": _informational_float(ann.get(ANN_SINCE)),
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
+            "renewal": ann.get(ANN_RENEWAL) or "shard",
         })
         return Stored(version, lease)
     except ValidationError as e:
@@ -516,6 +537,7 @@ class KubernetesStore(LeaseStore):
         for field in ("holderIdentity", "acquireTime"):
             spec.setdefault(field, None)
         body["metadata"]["annotations"].setdefault(ANN_INCARNATION, None)
+        body["metadata"]["annotations"].setdefault(ANN_RENEWAL, None)
         status, payload = await self._request("PATCH", self._path(name), body=body, kind="put")
         if status in (409, 404):
             raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
@@ -585,3 +607,76 @@ class KubernetesStore(LeaseStore):
         self._beat_versions.pop((cluster, node), None)
         if status not in (200, 202, 404):
             raise self._fail(f"deleting the heartbeat of {node}", status, payload)
+
+    # -- epochs (node-mode renewal) -----------------------------------------------------
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        items = await self._list(f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}=epoch")
+        out: dict[tuple[str, str], str] = {}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            node, epoch = ann.get(ANN_NODE), ann.get(ANN_EPOCH)
+            if not isinstance(node, str) or not isinstance(epoch, str) or not node or not epoch:
+                continue
+            if meta.get("name") != epoch_object_name(cluster, node, epoch):
+                continue  # not where that epoch is stored: not its record
+            out[(node, epoch)] = str(meta.get("resourceVersion", ""))
+        return out
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        name = epoch_object_name(cluster, node, epoch)
+        status, payload = await self._request("GET", self._path(name), kind="get")
+        if status == 404:
+            return None
+        if status != 200:
+            raise self._fail(f"reading the epoch {node}@{epoch}", status, payload)
+        meta = payload.get("metadata") or {}
+        data = str((meta.get("annotations") or {}).get(ANN_RECORD, "")).encode()
+        return stored_epoch(data, str(meta.get("resourceVersion", "")), cluster, node, epoch)
+
+    def _epoch_object(self, record: Epoch, version: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": epoch_object_name(record.cluster, record.node, record.epoch),
+            "namespace": self.namespace,
+            "labels": {LABEL_CLUSTER: record.cluster, LABEL_KIND: "epoch"},
+            "annotations": {ANN_NODE: record.node, ANN_EPOCH: record.epoch,
+                            ANN_RECORD: encode(record).decode()},
+        }
+        if version is not None:
+            meta["resourceVersion"] = version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+                "spec": {"holderIdentity": record.ended_by or record.node,
+                         "leaseDurationSeconds": max(1, math.ceil(record.ttl)),
+                         "renewTime": _micro(record.at)}}
+
+    async def create_epoch(self, record: Epoch) -> str:
+        what = f"epoch {record.node}@{record.epoch}"
+        status, payload = await self._request("POST", self._path(),
+                                              body=self._epoch_object(record, None), kind="put")
+        if status == 409:
+            raise Conflict(f"{what} exists")
+        if status not in (200, 201):
+            raise self._fail(f"creating the {what}", status, payload)
+        return str(payload["metadata"]["resourceVersion"])
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        # A merge patch carrying resourceVersion, as for leases: never a
+        # create, so an ended or deleted epoch stays over.
+        what = f"epoch {record.node}@{record.epoch}"
+        name = epoch_object_name(record.cluster, record.node, record.epoch)
+        status, payload = await self._request(
+            "PATCH", self._path(name), body=self._epoch_object(record, version), kind="put")
+        if status in (409, 404):
+            raise Conflict(f"{what} changed since version {version}")
+        if status == 400 and not version.isdigit():
+            raise Conflict(f"{what}: {version!r} is not a version of this store")
+        if status != 200:
+            raise self._fail(f"replacing the {what}", status, payload)
+        return str(payload["metadata"]["resourceVersion"])
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        name = epoch_object_name(cluster, node, epoch)
+        status, payload = await self._request("DELETE", self._path(name), kind="delete")
+        if status not in (200, 202, 404):
+            raise self._fail(f"deleting the epoch {node}@{epoch}", status, payload)
