@@ -242,6 +242,7 @@ class PlacementLoop:
         self._stop_started: float | None = None
         # -- node mode: this node's epoch, and what it saw of everyone's.
         self.epoch = self.incarnation
+        self._epoch_count = 0
         #: Epochs this node has had (its strays may name any of them).
         self._own_epochs = {self.epoch}
         self._epoch_seq = 0
@@ -261,7 +262,7 @@ class PlacementLoop:
         self._epochs_fresh = False
         #: Epochs whose version changed after a silence: perhaps ended by a
         #: peer (read to find out, so this node need not wait another TTL).
-        self._suspects: set[EpochKey] = set()
+        self._suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -464,7 +465,10 @@ class PlacementLoop:
         self.runner.fence(shards)
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
                                        epoch=epoch, shards=tuple(sorted(shards))))
-        self.epoch = uuid.uuid4().hex
+        # Derived, not random: unique per incarnation, and a simulation replays it.
+        self._epoch_count += 1
+        self.epoch = hashlib.blake2b(f"{self.incarnation}/{self._epoch_count}".encode(),
+                                     digest_size=16).hexdigest()
         self._own_epochs.add(self.epoch)
         self._epoch_version = None
         self._epoch_deadline = None
@@ -534,28 +538,35 @@ class PlacementLoop:
         return epochs
 
     def _observe_epochs(self, epochs: dict[EpochKey, str],
-                        leases: dict[int, Stored[Lease]] | None) -> set[str]:
+                        leases: dict[int, Stored[Lease]] | None) -> None:
         """Track each listed epoch and each epoch a node-mode lease names
-        (missing ones too); the nodes whose epoch changed within a TTL."""
+        (missing ones too)."""
         now = self.clock.monotonic()
-        named = self._named_epochs(leases) if leases is not None else set()
-        for key in set(epochs) | named:
+        named = self._named_epochs(leases) if leases is not None else {}
+        # In listing order, then lease order: never a set's (hash) order, so
+        # that a simulation replays the same way.
+        for key in dict.fromkeys([*epochs, *named]):
             version = epochs.get(key, _MISSING)
             seen = self._epochs_seen.get(key)
             if seen is None or seen.version != version:
                 if seen is not None and key in named and _MISSING not in (seen.version, version) \
                         and now - seen.since >= self.ttl / 2 and key not in self._ended:
-                    self._suspects.add(key)  # its owner writes every interval
+                    self._suspects[key] = None  # its owner writes every interval
                 self._epochs_seen[key] = _Seen(version, now, None)
-        for key in set(self._epochs_seen) - set(epochs) - named:
+        for key in set(self._epochs_seen) - set(epochs) - set(named):
             del self._epochs_seen[key]
             self._ended.discard(key)
+
+    def _epoch_live(self) -> set[str]:
+        """The nodes with an epoch that is not over and changed within a TTL."""
+        now = self.clock.monotonic()
         return {node for (node, epoch), seen in self._epochs_seen.items()
                 if seen.version != _MISSING and (node, epoch) not in self._ended
                 and now - seen.since <= self.ttl}
 
-    def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> set[EpochKey]:
-        return {(rec.owner, rec.incarnation or "") for st in leases.values()
+    def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> dict[EpochKey, None]:
+        """The epochs node-mode leases name, in shard order."""
+        return {(rec.owner, rec.incarnation or ""): None for st in leases.values()
                 if (rec := st.record) is not None and rec.renewal == "node"
                 and rec.owner is not None}
 
@@ -582,7 +593,7 @@ class PlacementLoop:
         """Read the epochs that changed after a silence: one a peer ended is
         over, and its leases may be claimed now."""
         for key in list(self._suspects)[:GC_PER_ROUND]:
-            self._suspects.discard(key)
+            del self._suspects[key]
             try:
                 stored = await self.calls.bounded(
                     f"read of epoch {key[0]}/{key[1]}",
@@ -600,8 +611,8 @@ class PlacementLoop:
         if key in self._ended:
             return True
         seen = self._epochs_seen.get(key)
-        if seen is None:
-            return False
+        if seen is None or key == (self.name, self.epoch):
+            return False  # (never our own live epoch: that would fence us)
         node, epoch = key
         try:
             record = Epoch(cluster=self.cluster, node=node, epoch=epoch, seq=0,
@@ -775,7 +786,11 @@ class PlacementLoop:
         if leases is not None:
             self._node_leases = bool(self._named_epochs(leases))
         if epochs is not None:
-            live = live | self._observe_epochs(epochs, leases)
+            self._observe_epochs(epochs, leases)
+            if self._suspects and not self._stopping:
+                # Before the share: an epoch a peer ended is no live node.
+                await self._check_suspects()
+            live = live | self._epoch_live()
             if self._stopping:
                 live.discard(self.name)
             self._live = live
@@ -784,8 +799,6 @@ class PlacementLoop:
         if leases is not None and self._stopping:
             await self._free_strays(leases)
         elif leases is not None and not first and self.runner.running:
-            if epochs is not None and self._suspects:
-                await self._check_suspects()
             await self._claim(leases, share)
         if leases is not None and epochs is not None:
             await self._collect_epochs(leases)
@@ -930,7 +943,8 @@ class PlacementLoop:
         async def one(shard: int) -> None:
             stored = leases.get(shard)
             rec = stored.record if stored is not None else None
-            if rec is not None and rec.renewal == "node" and rec.owner is not None:
+            if rec is not None and rec.renewal == "node" and rec.owner is not None \
+                    and (rec.owner, rec.incarnation) != (self.name, self.epoch):
                 key = (rec.owner, rec.incarnation or "")
                 if key not in ending:
                     ending[key] = asyncio.create_task(self._end_epoch(key))

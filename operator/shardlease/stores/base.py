@@ -145,7 +145,12 @@ class LeaseStore(abc.ABC):
         except (StoreError, Conflict) as first:
             try:
                 current = await self.get_epoch(record.cluster, record.node, record.epoch)
-            except StoreError:
+            except StoreError as e:
+                if isinstance(first, Conflict):
+                    # Perhaps our own earlier attempt: a Conflict here would
+                    # fence every shard of the epoch, so say "unknown" instead.
+                    raise StoreError(f"{first}; and the record could not be read to tell "
+                                     f"whether the write was ours: {e}") from e
                 raise first from None
             if current is not None and current.record is not None \
                     and current.record.write_id == record.write_id:
