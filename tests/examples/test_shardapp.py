@@ -1,4 +1,4 @@
-"""The example app (`shardlease.examples.shardapp`) on a real S3 server over HTTP.
+"""The example app (`shardlease_examples.shardapp`) on a real S3 server over HTTP.
 
 Every test talks to moto's S3 server on loopback (tests/support/s3server.py)
 and to the apps over HTTP. The fencing tests run two app instances on one
@@ -22,7 +22,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from shardlease.examples.shardapp import (
+from shardlease.routing import shard_for_key
+from shardlease_examples.shardapp import (
     MAX_VALUE_BYTES,
     PreconditionFailed,
     ShardApp,
@@ -30,7 +31,6 @@ from shardlease.examples.shardapp import (
     StorageError,
     is_loopback,
 )
-from shardlease.routing import shard_for_key
 from tests.support.s3server import S3Server
 
 from .fleet import Client, Fleet, Op, Owners, expected_values, generation_regressions, wait_for
@@ -430,7 +430,7 @@ def test_loopback_addresses() -> None:
     (["--store", "s3://bucket/x?endpoint=ftp://h", "--shards", "4"], "endpoint"),
 ])
 def test_command_line_errors(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "shardlease.examples.shardapp", *args],
+    result = subprocess.run([sys.executable, "-m", "shardlease_examples.shardapp", *args],
                             capture_output=True, text=True, timeout=60,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 2, result
@@ -606,7 +606,7 @@ async def test_the_example_client_follows_the_owners(make_app: MakeApp) -> None:
 
     async def client(command: str) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shardlease.examples.shardclient", command,
+            sys.executable, "-m", "shardlease_examples.shardclient", command,
             "--apps", f"{a.url},{b.url}", "--shards", str(SHARDS), "--count", "40",
             "--prefix", "c", "--run", "r1", "--timeout", "10",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

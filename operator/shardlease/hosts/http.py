@@ -10,7 +10,7 @@ ignore a call whose generation is older than the newest it has seen for that
 shard, and refuse an open of a generation it has already closed: cancelling
 an HTTP request does not stop the application's handler, so a slow open may
 arrive, or finish, after the close that was meant to follow it
-(examples/shardapp does exactly this).
+(examples/shardlease_examples/shardapp.py does exactly this).
 
 The runner bounds each call with the options' `open_timeout` and
 `close_timeout` and retries closes; this class makes one attempt per call,

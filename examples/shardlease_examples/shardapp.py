@@ -2,7 +2,7 @@
 
 Run it beside a shardlease agent (or a ``shardlease node --host http://...``)::
 
-    python -m shardlease.examples.shardapp --port 8080 --shards 16 \\
+    python -m shardlease_examples.shardapp --port 8080 --shards 16 \\
         --store 's3://bucket/prefix?endpoint=http://127.0.0.1:9000&path_style=true'
 
 It speaks the sidecar's HTTP host protocol (any 2xx is success)::
@@ -99,7 +99,7 @@ from shardlease.errors import ConfigError
 from shardlease.routing import shard_for_key
 from shardlease.stores.s3 import clean_etag, read_at_most
 
-log = logging.getLogger("shardlease.examples.shardapp")
+log = logging.getLogger("shardlease_examples.shardapp")
 
 #: Largest value a PUT may carry, in bytes.
 MAX_VALUE_BYTES = 64 * 1024
@@ -737,7 +737,7 @@ async def _errors_middleware(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m shardlease.examples.shardapp",
+        prog="python -m shardlease_examples.shardapp",
         description="Example sharded key-value app, fenced by the shardlease generation.")
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (8080)")
     parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (0.0.0.0)")
