@@ -192,6 +192,7 @@ class PlacementLoop:
             close_timeout=options.close_timeout,
             margin=options.margin_s,
             warn_ahead=options.interval_s / 2,
+            extend_timeout=options.interval_s,
             on_closed=self._on_closed,
         )
         self.held: dict[int, _Held] = {}
@@ -396,6 +397,7 @@ class PlacementLoop:
                     errors.append(str(e))
 
         await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())))
+        self.runner.flush()  # the host learns the moved deadlines, in one call
         if failed:
             logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
             self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
