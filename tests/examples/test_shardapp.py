@@ -449,7 +449,12 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
     and opens them at a higher generation on another app; the stale app's next
     writes are refused by S3. Then the node resumes (SIGCONT). In the end every
     write the client was told was accepted is in S3 with its last accepted
-    value, and no write was accepted at a lower generation after a higher one."""
+    value, and no write was accepted at a lower generation after a higher one.
+
+    The apps ignore the agent's validity (--ignore-validity) here: what this
+    shows is the storage's fence, the last line of defence, which an app
+    keeping its deadline would rarely reach (see
+    test_a_paused_agents_app_stops_at_its_deadline)."""
     shards = 6
     fleet = Fleet(tmp_path, s3_server.url(s3_bucket, "e2e"), f"file://{tmp_path / 'leases'}",
                   shards)
@@ -471,7 +476,7 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
     try:
         names = ["n1", "n2", "n3"]
         for name in names:
-            fleet.start_app(name)
+            fleet.start_app(name, "--ignore-validity")
         for name, url in fleet.app_urls.items():
             async def healthy(url: str = url) -> bool:
                 fleet.check_alive()
