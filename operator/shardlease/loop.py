@@ -223,6 +223,7 @@ class PlacementLoop:
             close_timeout=options.close_timeout,
             margin=options.margin_s,
             warn_ahead=options.interval_s / 2,
+            extend_timeout=options.interval_s,
             on_closed=self._on_closed,
         )
         self.held: dict[int, _Held] = {}
@@ -452,6 +453,7 @@ class PlacementLoop:
             self._epoch_deadline = sent + self._epoch_ttl - self.options.margin_s
             for shard in self._epoch_shards(epoch):
                 self.runner.extend(shard, self._epoch_deadline)
+            self.runner.flush()  # the host learns the moved deadlines, in one call
             return True
 
     def _epoch_lost(self, epoch: str) -> None:
@@ -716,6 +718,7 @@ class PlacementLoop:
         # Node-mode leases are renewed by the epoch; only their frees are here.
         await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
                                if not h.by_epoch or h.phase is Phase.CLOSED))
+        self.runner.flush()  # the host learns the moved deadlines, in one call
         if failed:
             logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
             self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,

@@ -59,6 +59,17 @@ class Options(BaseModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
+        # close_timeout and open_timeout need no check against the others: a
+        # fence interrupts an open whatever open_timeout says, and a fenced
+        # close gets min(close_timeout, margin), so no combination of them
+        # can outlast the lease. What can never work is no margin at all.
+        if self.margin_s <= 0:
+            raise ValueError(
+                "margin must be above 0s: it is all the time a fenced shard's close gets "
+                "before another node may take its lease, and what covers the delivery of "
+                "the validity an application keeps (its deadline would otherwise be the "
+                "lease's expiry itself)"
+            )
         if self.margin_s >= self.lease_ttl:
             raise ValueError(
                 f"margin ({self.margin_s:g}s) must be less than lease_ttl ({self.lease_ttl:g}s): "

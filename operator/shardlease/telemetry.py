@@ -1,8 +1,9 @@
 """Telemetry: events as values, delivered to subscribers.
 
 The seed's events (claim, release, lost, self_fence, renew_failed) plus the
-runner's opened/closed, renew_slow (the warning before a fence) and overrun (a
-fenced close abandoned at the lease's expiry), as frozen dataclasses.
+runner's opened/closed, renew_slow (the warning before a fence), overrun (a
+fenced close abandoned at the lease's expiry) and extend_failed (a host that
+was not told a shard's new validity), as frozen dataclasses.
 Subscribers are plain callables (the Python hook API); the Prometheus metrics
 and the structured logs are two such subscribers. A subscriber that raises is
 logged and never disturbs the loop.
@@ -97,6 +98,17 @@ class EpochEnded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExtendFailed(Event):
+    """The host was not told these shards' new validity (a `LeasedHost`'s
+    `extend` failed or took longer than an interval): it may stop acting on
+    them before the runner fences them. Retried with the next pass."""
+
+    KIND = "extend_failed"
+    shards: tuple[int, ...]
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Opened(Event):
     KIND = "opened"
     shard: int
@@ -167,7 +179,7 @@ def log_events(event: Event) -> None:
     if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
     elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
-                    | EpochEnded):
+                    | EpochEnded | ExtendFailed):
         level = logging.WARNING
     elif isinstance(event, Overrun):
         level = logging.ERROR
@@ -199,6 +211,9 @@ class PrometheusMetrics:
         self.overruns = Counter("shardlease_close_overruns",
                                 "Fenced closes abandoned at the lease's expiry", labels,
                                 registry=reg)
+        self.extend_failed = Counter("shardlease_extend_failures",
+                                     "Validity extensions the host was not told", labels,
+                                     registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
         self.epochs_ended = Counter("shardlease_epochs_ended",
@@ -230,6 +245,8 @@ class PrometheusMetrics:
                 self.renew_slow.labels(*lab).inc(len(shards))
             case Overrun():
                 self.overruns.labels(*lab).inc()
+            case ExtendFailed():
+                self.extend_failed.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
             case EpochEnded(owner=owner):
