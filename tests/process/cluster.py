@@ -52,6 +52,7 @@ class LocalCluster:
     ttl: float = 2.0
     name: str = "proc"
     env: Mapping[str, str] | None = None
+    renewal: str = "shard"
     nodes: dict[str, Node] = field(default_factory=dict)
     #: Nodes stopped with SIGSTOP: alive, but not running.
     paused: set[str] = field(default_factory=set)
@@ -76,7 +77,8 @@ class LocalCluster:
         command = [sys.executable, "-m", "shardlease", "node", "--store", self.store_url,
                    "--cluster", self.name, "--name", name, "--shards", str(self.shards),
                    "--lease-ttl", f"{self.ttl:g}", "--host", f"record:{events}",
-                   "--log-format", "json", "--parent-pid", str(os.getpid()), *extra]
+                   "--log-format", "json", "--parent-pid", str(os.getpid()),
+                   "--renewal", self.renewal, *extra]
         with open(log, "ab") as out:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     env=self._env(), start_new_session=True)
