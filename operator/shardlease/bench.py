@@ -240,6 +240,121 @@ def bench_faults(quick: bool) -> None:
     say()
 
 
+# -- 5. a slow store, on real processes ----------------------------------------------------
+
+
+#: The phases of the slow-store run, each 4 TTLs long, on one node's requests
+#: (through `faultproxy`): added latency as a share of the TTL, or 503 answers.
+SLOW_PHASES: tuple[tuple[str, float, float], ...] = (
+    ("no fault", 0.0, 0.0),
+    ("+0.15 x TTL latency", 0.15, 0.0),
+    ("+0.3 x TTL latency", 0.3, 0.0),
+    ("30% 503 SlowDown", 0.0, 0.3),
+    ("+0.5 x TTL latency", 0.5, 0.0),
+)
+#: Phases in which the slowed node must keep its shards (the others are figures).
+SLOW_KEEPS = ("no fault", "+0.15 x TTL latency", "+0.3 x TTL latency", "30% 503 SlowDown")
+
+
+@dataclass
+class PhaseFigures:
+    """What one node went through during one phase of a slow-store run, from
+    its recording host (opens, closes, self-fences, losses), its structured
+    log (renew_slow, renew_failed) and the proxy in front of it (requests)."""
+
+    label: str
+    seconds: float
+    self_fences: int  # self_fence events (each may fence several shards)
+    fenced: int  # shards fenced
+    lost: int
+    held_start: int  # shards open on its host at the start of the phase
+    held_min: int
+    held_max: int
+    held_end: int
+    renew_slow: int
+    renew_failed: int
+    requests: dict[str, int]  # at the proxy, by kind (and slowdown, abandoned)
+    errors: list[str]  # a few distinct renew_failed errors
+    #: Cluster-wide: the longest any shard was open on no node within the phase.
+    closed_max: float = 0.0
+
+    def row(self) -> str:
+        asked = sum(v for k, v in self.requests.items() if k not in ("slowdown", "abandoned"))
+        extra = "".join(f", {self.requests[k]} {k}" for k in ("slowdown", "abandoned")
+                        if self.requests.get(k))
+        return (f"{self.label:<22} self-fences {self.self_fences:>2} ({self.fenced} shards), "
+                f"lost {self.lost}, shards held {self.held_start} -> min {self.held_min} / "
+                f"max {self.held_max} -> {self.held_end}, renew_slow {self.renew_slow}, "
+                f"renew_failed {self.renew_failed}, requests {asked} "
+                f"({asked / self.seconds:.1f}/s{extra}); longest a shard was open "
+                f"nowhere {self.closed_max:.1f}s")
+
+
+def phase_figures(label: str, node: str, start: float, end: float,
+                  recorded: list[dict[str, Any]], logged: list[dict[str, Any]],
+                  requests: Counter[str]) -> PhaseFigures:
+    """`node`'s figures between wall times `start` and `end`. `recorded`: the
+    recording hosts' lines (any nodes); `logged`: `node`'s JSON log lines."""
+    mine = sorted((e for e in recorded if e.get("node") == node),
+                  key=lambda e: float(e["wall"]))
+    open_now: set[int] = set()
+    held_start: int | None = None
+    low = high = 0
+    fences = fenced = lost = 0
+    for ev in mine:
+        wall = float(ev["wall"])
+        if wall > end:
+            break
+        if wall >= start and held_start is None:
+            held_start = low = high = len(open_now)
+        kind = ev.get("event")
+        if kind == "open_end":
+            open_now.add(int(ev["shard"]))
+        elif kind == "close_start":
+            open_now.discard(int(ev["shard"]))
+        if wall >= start:
+            low, high = min(low, len(open_now)), max(high, len(open_now))
+            fences += kind == "self_fence"
+            fenced += len(ev.get("shards", ())) if kind == "self_fence" else 0
+            lost += kind == "lost"
+    if held_start is None:
+        held_start = low = high = len(open_now)
+    in_phase = [e for e in logged if start <= float(e.get("ts", 0.0)) <= end]
+    failed = [e for e in in_phase if e.get("event") == "renew_failed"]
+    errors = list(dict.fromkeys(str(e.get("error", "")) for e in failed))[:3]
+    return PhaseFigures(label, end - start, fences, fenced, lost, held_start, low, high,
+                        len(open_now), sum(e.get("event") == "renew_slow" for e in in_phase),
+                        len(failed), dict(sorted(requests.items())), errors,
+                        closed_longest(recorded, start, end))
+
+
+def closed_longest(recorded: list[dict[str, Any]], start: float, end: float) -> float:
+    """The longest stretch of [start, end] during which some shard was open
+    on no node (from open_end to close_start, as the hosts saw it)."""
+    by_shard: dict[int, list[tuple[float, int]]] = {}
+    for ev in recorded:
+        kind = ev.get("event")
+        if kind in ("open_end", "close_start"):
+            by_shard.setdefault(int(ev["shard"]), []).append(
+                (float(ev["wall"]), 1 if kind == "open_end" else -1))
+    longest = 0.0
+    for changes in by_shard.values():
+        changes.sort()
+        count, closed_since = 0, start
+        for wall, step in changes:
+            if wall > end:
+                break
+            was = count
+            count += step
+            if was == 0 and count > 0:
+                longest = max(longest, wall - closed_since) if wall > start else longest
+            elif count == 0:
+                closed_since = max(wall, start)
+        if count == 0:
+            longest = max(longest, end - closed_since)
+    return longest
+
+
 # -- 3 and 4. requests and CPU per round in the steady state ----------------------------------
 
 
