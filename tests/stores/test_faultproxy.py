@@ -13,7 +13,9 @@ import pytest
 
 from shardlease.errors import StoreError
 from shardlease.faultproxy import FaultProxy, Faults, request_kind
+from shardlease.sim.fakes import StrictHost
 from shardlease.stores.base import LeaseStore
+from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.stores.s3 import S3Store
 from tests.stores import test_s3
 from tests.support.s3server import S3Server
@@ -143,3 +145,35 @@ async def test_a_request_its_client_abandoned_still_lands(proxy: FaultProxy,
             await asyncio.sleep(0.1)
     await eventually(lambda: proxy.counts()["abandoned"] > 0)
     assert proxy.counts()["put-lease"] == 1
+
+
+async def test_a_store_whose_caller_retries_makes_one_attempt_per_call(
+        proxy: FaultProxy, store: S3Store) -> None:
+    """The placement loop retries within its budgets: botocore's own retries
+    would pause rand(0, 1) s, then rand(0, 2) s after each 503 SlowDown, inside
+    one call, while a renewal's budget (1.5 s at a TTL of 3 s) runs out."""
+    await store.list_leases(CLUSTER)  # the client exists before the switch
+    store.retried_by_caller()
+    proxy.set(Faults(error_rate=1.0))
+    for shard in range(3):
+        with pytest.raises(StoreError, match="SlowDown"):
+            await store.create_lease(make_lease(shard))
+    assert proxy.counts()["put-lease"] == proxy.counts()["slowdown"] == 3
+    proxy.set(Faults())
+    await store.create_lease(make_lease(0))
+    assert (await store.get_lease(CLUSTER, 0)) is not None
+
+
+def test_the_placement_loop_has_its_store_leave_the_retries_to_it() -> None:
+    from shardlease.loop import PlacementLoop
+    from shardlease.options import Options
+
+    class Told(MemoryStore):
+        told = False
+
+        def retried_by_caller(self) -> None:
+            self.told = True
+
+    store = Told(MemoryBackend())
+    PlacementLoop(store, StrictHost(), Options.make(shards=1, name="a", cluster_name="c"))
+    assert store.told
