@@ -32,6 +32,7 @@ import asyncio
 import random
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,6 +81,19 @@ class Faults:
 NO_FAULTS = Faults()
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One request the proxy handled (wall times), for diagnosis."""
+
+    arrived: float
+    answered: float
+    kind: str
+    path: str
+    #: The answer's status (503: injected SlowDown; 0: the forward failed).
+    status: int
+    abandoned: bool
+
+
 def request_kind(method: str, path: str, query: str) -> str:
     """What an S3 request does, from its method and path (path-style URLs)."""
     if method == "GET":
@@ -107,6 +121,8 @@ class FaultProxy:
         self.faults = NO_FAULTS
         self.rng = random.Random(seed)
         self._counts: Counter[str] = Counter()
+        #: Every request handled, in the order answered (`Seen`).
+        self.history: list[Seen] = []
         self._lock = threading.Lock()  # counts() may be read from another thread
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
@@ -154,16 +170,19 @@ class FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
+        arrived = time.time()
         body = await request.read()
         kind = request_kind(request.method, request.path, request.query_string)
         self._count(kind)
         faults = self.faults
+        status = 0
         try:
             if faults.hits(kind):
                 if faults.latency:
                     await asyncio.sleep(faults.latency)
                 if faults.error_rate and self.rng.random() < faults.error_rate:
                     self._count("slowdown")
+                    status = 503
                     return web.Response(status=503, body=_SLOWDOWN,
                                         content_type="application/xml")
             headers = CIMultiDict((k, v) for k, v in request.headers.items()
@@ -177,8 +196,12 @@ class FaultProxy:
                                   if k.lower() not in _HOP)
                 status = answer.status
         finally:
-            if request.transport is None or request.transport.is_closing():
+            abandoned = request.transport is None or request.transport.is_closing()
+            if abandoned:
                 self._count("abandoned")
+            with self._lock:
+                self.history.append(Seen(arrived, time.time(), kind, request.path, status,
+                                         abandoned))
         return web.Response(status=status, body=data, headers=out)
 
 
@@ -203,6 +226,10 @@ class ProxyThread:
 
     def counts(self) -> Counter[str]:
         return self.proxy.counts()
+
+    def history(self) -> list[Seen]:
+        with self.proxy._lock:
+            return list(self.proxy.history)
 
     def _main(self) -> None:
         async def serve() -> None:

@@ -23,6 +23,8 @@ The figures per phase are printed (pytest -s), never asserted as durations.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections import Counter
 
@@ -75,6 +77,9 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
 
     codes = cluster.stop_all()
     assert set(codes.values()) <= {0}, codes
+    with open(cluster.workdir / "proxy.jsonl", "w") as out:  # every request of the slowed node
+        for seen in proxy.history():
+            out.write(json.dumps(dataclasses.asdict(seen)) + "\n")
     recorded = cluster.events()
     logged = load_events([cluster.nodes[SLOWED].log])
     figures = [phase_figures(label, SLOWED, start, end, recorded, logged, requests)
