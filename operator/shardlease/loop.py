@@ -567,18 +567,12 @@ class PlacementLoop:
 
     def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
         """Seconds this node has seen the shard free (no record, or no owner)
-        without a change, or expired: an owner whose lease is unchanged for
-        longer than its TTL is as good as none since then (a live node may
-        have fenced and failed to free it, and stay live: its peers at their
-        share must still take it). 0 if it is not free."""
+        without a change; 0 if it is not free."""
         seen = self._seen.get(shard)
-        if seen is None:
+        if seen is None or (stored is not None and (stored.record is None
+                                                    or stored.record.owner is not None)):
             return 0.0
-        if stored is None or (stored.record is not None and stored.record.owner is None):
-            return now - seen.since
-        rec = stored.record
-        ttl = max(self.ttl, rec.ttl) if rec is not None else self.ttl
-        return max(0.0, now - seen.since - ttl)
+        return now - seen.since
 
     async def _claim(self, leases: dict[int, Stored[Lease]], share: int) -> None:
         active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
