@@ -17,6 +17,10 @@
    late; 30% of one node's calls failing like a 503), rounds until a shard
    one host refuses is open elsewhere and the store requests per interval
    meanwhile, and the opens and closes of nodes started together.
+3c. A slow store on real processes: 3 `shardlease node` processes on S3
+   (moto), one of them through `faultproxy` (added latency, 503 SlowDown),
+   in phases of 4 TTLs; per phase, that node's self-fences, shards held,
+   renew_slow and requests, and the longest any shard was open nowhere.
 4. Loop CPU per round: process CPU time (time.process_time, every thread)
    over those same steady rounds, per node and round. The loops run in this
    process; moto runs in a child process so that its CPU is not counted.
@@ -240,7 +244,7 @@ def bench_faults(quick: bool) -> None:
     say()
 
 
-# -- 5. a slow store, on real processes ----------------------------------------------------
+# -- 3c. a slow store, on real processes ----------------------------------------------------
 
 
 #: The phases of the slow-store run, each 4 TTLs long, on one node's requests
@@ -353,6 +357,83 @@ def closed_longest(recorded: list[dict[str, Any]], start: float, end: float) -> 
         if count == 0:
             longest = max(longest, end - closed_since)
     return longest
+
+
+async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes: int,
+                    phase: float) -> list[PhaseFigures]:
+    """Node processes on S3 at `endpoint`, one of them through a `FaultProxy`,
+    through `SLOW_PHASES` of `phase` seconds each, then until balanced again."""
+    from shardlease.checker import check_events, load_events
+    from shardlease.demo import Demo
+    from shardlease.faultproxy import NO_FAULTS, FaultProxy, Faults
+    from shardlease.stores import open_store
+
+    bucket = f"bench-slow-{os.urandom(3).hex()}"
+    await _create_bucket(endpoint, bucket)
+    proxy = FaultProxy(endpoint, seed=0)
+    await proxy.start()
+    names = [f"node-{i}" for i in range(nodes)]
+    slowed = names[1]
+    direct = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
+    for sub in ("events", "logs"):
+        (workdir / sub).mkdir(parents=True)
+    demo = Demo(nodes=nodes, shards=shards, store_url=direct, cluster="bench", workdir=workdir,
+                ttl=ttl, view="none", store_for={
+                    slowed: f"s3://{bucket}/bench?endpoint={proxy.endpoint}&path_style=true"})
+    store = open_store(direct)
+    try:
+        for name in names:
+            demo.start(name)
+        await demo.wait_balanced(store, "after the start")
+        marks: list[tuple[str, float, float, Counter[str]]] = []
+        for label, latency, errors in SLOW_PHASES:
+            proxy.set(Faults(latency=latency * ttl, error_rate=errors))
+            before, start = proxy.counts(), time.time()
+            await asyncio.sleep(phase)
+            marks.append((label, start, time.time(), proxy.counts() - before))
+        proxy.set(NO_FAULTS)
+        before, start = proxy.counts(), time.time()
+        await demo.wait_balanced(store, "after the faults")
+        marks.append(("until balanced again", start, time.time(), proxy.counts() - before))
+    finally:
+        # In a thread: the proxy in this loop serves the slowed node's stop.
+        await asyncio.to_thread(demo.stop_all, 3 * ttl)
+        await proxy.aclose()
+        with contextlib.suppress(Exception):
+            await store.aclose()
+    recorded = load_events(demo.records)
+    logged = load_events([workdir / "logs" / f"{slowed}.log"])
+    figures = [phase_figures(label, slowed, start, end, recorded, logged, requests)
+               for label, start, end, requests in marks]
+    report = check_events(recorded, conservative=True)
+    if not report.ok:
+        raise RuntimeError(f"two open owners of a shard: {report.violations[0]}")
+    return figures
+
+
+def bench_slow_store(quick: bool) -> None:
+    ttl, shards, nodes = 3.0, 12, 3
+    phase = (2 if quick else 4) * ttl
+    with moto_endpoint() as endpoint:
+        say(f"== slow store on real processes ({nodes} node processes on S3 (moto), "
+            f"{shards} shards, lease TTL {ttl:g}s; node-1 alone through a fault-injecting "
+            f"proxy: every request it makes, renewals included; phases of {phase:g}s) ==")
+        if endpoint is None:
+            say("slow store: not measured (moto is not installed: pip install 'moto[server]')")
+            say()
+            return
+        workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+        try:
+            figures = asyncio.run(_slow_run(endpoint, workdir, ttl, shards, nodes, phase))
+        except (RuntimeError, ShardleaseError, TimeoutError) as e:
+            say(f"slow store: failed: {type(e).__name__}: {e} (files kept in {workdir})")
+            say()
+            return
+        shutil.rmtree(workdir, ignore_errors=True)
+    for f in figures:
+        say(f"slow node, {f.row()}")
+    say("  (no two open owners of any shard over the run: the overlap checker passed)")
+    say()
 
 
 # -- 3 and 4. requests and CPU per round in the steady state ----------------------------------
@@ -764,6 +845,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench_failover(args.quick)
     bench_rounds(args.quick)
     bench_faults(args.quick)
+    bench_slow_store(args.quick)
     bench_requests(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return 0
