@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from shardlease.bench import closed_longest, phase_figures
+from shardlease.bench import closed_stretches, phase_figures
 
 
 def ev(wall: float, node: str, event: str, **fields: Any) -> dict[str, Any]:
@@ -36,13 +36,14 @@ def test_a_phase_counts_what_the_node_held_fenced_and_lost() -> None:
     assert (f.self_fences, f.fenced, f.lost) == (1, 2, 1)
     assert (f.renew_slow, f.renew_failed, f.errors) == (1, 1, ["no answer"])
     assert f.closed_max == 9.0  # shard 3: open nowhere from the start of the phase to 19
+    assert f.closed_area == 4 + 8 + 9  # shard 0 (12 to 16), 1 (12 to 20), 3 (10 to 19)
     assert "self-fences  1 (2 shards)" in f.row()
 
 
 def test_the_longest_closed_stretch_is_clipped_to_the_phase() -> None:
     known = [e for e in RECORDED if e.get("shard") != 3]
-    assert closed_longest(known, 10.0, 15.0) == 3.0  # shards 0 and 1, 12 to 15
-    assert closed_longest(known, 10.0, 20.0) == 8.0  # shard 1, 12 to the end
-    assert closed_longest(known, 0.0, 10.0) == 2.0  # shard 2 until 2
-    assert closed_longest(known, 13.0, 30.0) == 12.0  # shard 1, 13 to 25
-    assert closed_longest(RECORDED, 13.0, 30.0) == 12.0  # shard 3: only 6 (13 to 19)
+    assert closed_stretches(known, 10.0, 15.0) == (3.0, 6.0)  # shards 0 and 1, 12 to 15
+    assert closed_stretches(known, 10.0, 20.0) == (8.0, 12.0)  # shard 1, 12 to the end
+    assert closed_stretches(known, 0.0, 10.0) == (2.0, 4.0)  # shard 2 until 2; 0, 1 until 1
+    assert closed_stretches(known, 13.0, 30.0) == (12.0, 15.0)  # 1: 13 to 25; 0: 13 to 16
+    assert closed_stretches(RECORDED, 13.0, 30.0) == (12.0, 21.0)  # and 3: 13 to 19

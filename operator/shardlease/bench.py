@@ -279,8 +279,10 @@ class PhaseFigures:
     renew_failed: int
     requests: dict[str, int]  # at the proxy, by kind (and slowdown, abandoned)
     errors: list[str]  # a few distinct renew_failed errors
-    #: Cluster-wide: the longest any shard was open on no node within the phase.
+    #: Cluster-wide, within the phase: the longest any shard was open on no
+    #: node, and the shard-seconds of shards open on no node.
     closed_max: float = 0.0
+    closed_area: float = 0.0
 
     def row(self) -> str:
         asked = sum(v for k, v in self.requests.items() if k not in ("slowdown", "abandoned"))
@@ -290,8 +292,8 @@ class PhaseFigures:
                 f"lost {self.lost}, shards held {self.held_start} -> min {self.held_min} / "
                 f"max {self.held_max} -> {self.held_end}, renew_slow {self.renew_slow}, "
                 f"renew_failed {self.renew_failed}, requests {asked} "
-                f"({asked / self.seconds:.1f}/s{extra}); longest a shard was open "
-                f"nowhere {self.closed_max:.1f}s")
+                f"({asked / self.seconds:.1f}/s{extra}); shards open nowhere "
+                f"{self.closed_area:.1f} shard-s, longest {self.closed_max:.1f}s")
 
 
 def phase_figures(label: str, node: str, start: float, end: float,
@@ -329,19 +331,21 @@ def phase_figures(label: str, node: str, start: float, end: float,
     return PhaseFigures(label, end - start, fences, fenced, lost, held_start, low, high,
                         len(open_now), sum(e.get("event") == "renew_slow" for e in in_phase),
                         len(failed), dict(sorted(requests.items())), errors,
-                        closed_longest(recorded, start, end))
+                        *closed_stretches(recorded, start, end))
 
 
-def closed_longest(recorded: list[dict[str, Any]], start: float, end: float) -> float:
+def closed_stretches(recorded: list[dict[str, Any]], start: float,
+                     end: float) -> tuple[float, float]:
     """The longest stretch of [start, end] during which some shard was open
-    on no node (from open_end to close_start, as the hosts saw it)."""
+    on no node (from open_end to close_start, as the hosts saw it), and the
+    sum of all such stretches over the shards (shard-seconds)."""
     by_shard: dict[int, list[tuple[float, int]]] = {}
     for ev in recorded:
         kind = ev.get("event")
         if kind in ("open_end", "close_start"):
             by_shard.setdefault(int(ev["shard"]), []).append(
                 (float(ev["wall"]), 1 if kind == "open_end" else -1))
-    longest = 0.0
+    longest = total = 0.0
     for changes in by_shard.values():
         changes.sort()
         count, closed_since = 0, start
@@ -350,13 +354,15 @@ def closed_longest(recorded: list[dict[str, Any]], start: float, end: float) -> 
                 break
             was = count
             count += step
-            if was == 0 and count > 0:
-                longest = max(longest, wall - closed_since) if wall > start else longest
+            if was == 0 and count > 0 and wall > start:
+                longest = max(longest, wall - closed_since)
+                total += wall - closed_since
             elif count == 0:
                 closed_since = max(wall, start)
         if count == 0:
             longest = max(longest, end - closed_since)
-    return longest
+            total += end - closed_since
+    return longest, total
 
 
 async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes: int,

@@ -8,17 +8,21 @@ other: no fault, +0.15 x TTL of latency, +0.3 x TTL, 30% of the requests
 answered 503 SlowDown, +0.5 x TTL; then no fault again until balanced.
 
 Asserted: no two open owners of one shard at any time (the overlap checker,
-conservative window), over the whole run; and in every phase but the last
-the slowed node fences nothing, loses nothing and keeps every shard it had
-(the engine renews on a schedule of its own, within budgets, retried: a
-slow store costs claims, not renewals). At +0.5 x TTL, holding is impossible
-for any engine that renews by compare-and-swap: a renewal needs the version
-the previous one returned, so renewals are at least one latency apart and
-each answer comes a latency after it was sent: 2 x 1.5 s > TTL - margin =
-2.5 s. There the node must fence in time (the checker's rule) and get its
-fair share back once the fault ends.
+conservative window), over the whole run; in every phase but the last the
+slowed node fences nothing, loses nothing and keeps every shard it had (it
+renews on a schedule of its own, within budgets, retried by the loop and not
+by botocore); and it gets its fair share back once the faults end.
 
-The figures per phase are printed (pytest -s), never asserted as durations.
+At +0.5 x TTL holding is impossible for any engine that renews by
+compare-and-swap: a renewal needs the version the previous one returned, so
+renewals are at least one latency apart and each is answered a latency after
+it was sent: 2 x 1.5 s > TTL - margin = 2.5 s. The node fences in time (the
+checker's rule); its shards then stay open nowhere until the fault ends,
+because its heartbeats still land and its peers, counting it live, stay at
+their share (printed as shard-seconds open nowhere; not asserted).
+
+The figures per phase are printed (pytest -s), never asserted as durations;
+the proxy's request history is written beside the nodes' logs.
 """
 
 from __future__ import annotations
