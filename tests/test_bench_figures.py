@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from shardlease.bench import closed_stretches, phase_figures
+from shardlease.bench import closed_stretches, open_on, phase_figures
 
 
 def ev(wall: float, node: str, event: str, **fields: Any) -> dict[str, Any]:
@@ -47,3 +47,9 @@ def test_the_longest_closed_stretch_is_clipped_to_the_phase() -> None:
     assert closed_stretches(known, 0.0, 10.0) == (2.0, 4.0)  # shard 2 until 2; 0, 1 until 1
     assert closed_stretches(known, 13.0, 30.0) == (12.0, 15.0)  # 1: 13 to 25; 0: 13 to 16
     assert closed_stretches(RECORDED, 13.0, 30.0) == (12.0, 21.0)  # and 3: 13 to 19
+
+
+def test_open_on_is_what_a_nodes_host_has_open_at_the_end() -> None:
+    assert open_on(RECORDED, "a") == {1, 3}
+    assert open_on(RECORDED, "b") == {0, 2}
+    assert open_on(RECORDED, "c") == set()

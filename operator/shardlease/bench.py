@@ -334,6 +334,18 @@ def phase_figures(label: str, node: str, start: float, end: float,
                         *closed_stretches(recorded, start, end))
 
 
+def open_on(recorded: list[dict[str, Any]], node: str) -> set[int]:
+    """The shards open on `node`'s host at the end of the recording."""
+    now: set[int] = set()
+    for ev in sorted((e for e in recorded if e.get("node") == node),
+                     key=lambda e: float(e["wall"])):
+        if ev.get("event") == "open_end":
+            now.add(int(ev["shard"]))
+        elif ev.get("event") == "close_start":
+            now.discard(int(ev["shard"]))
+    return now
+
+
 def closed_stretches(recorded: list[dict[str, Any]], start: float,
                      end: float) -> tuple[float, float]:
     """The longest stretch of [start, end] during which some shard was open
@@ -399,6 +411,12 @@ async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes
             marks.append((label, start, time.time(), proxy.counts() - before))
         proxy.set(NO_FAULTS)
         before, start = proxy.counts(), time.time()
+        # Balanced in the store, and the slowed node's share open on its host
+        # again (the store alone may still name it for leases it fenced).
+        while len(open_on(load_events(demo.records), slowed)) < shards // nodes:
+            if time.time() > start + demo.timeout:
+                raise RuntimeError(f"{slowed} did not get its share back after the faults")
+            await asyncio.sleep(0.2)
         await demo.wait_balanced(store, "after the faults")
         marks.append(("until balanced again", start, time.time(), proxy.counts() - before))
     finally:
