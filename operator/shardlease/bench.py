@@ -17,6 +17,10 @@
    late; 30% of one node's calls failing like a 503), rounds until a shard
    one host refuses is open elsewhere and the store requests per interval
    meanwhile, and the opens and closes of nodes started together.
+3c. A slow store on real processes: 3 `shardlease node` processes on S3
+   (moto), one of them through `faultproxy` (added latency, 503 SlowDown),
+   in phases of 4 TTLs; per phase, that node's self-fences, shards held,
+   renew_slow and requests, and the longest any shard was open nowhere.
 4. Loop CPU per round: process CPU time (time.process_time, every thread)
    over those same steady rounds, per node and round. The loops run in this
    process; moto runs in a child process so that its CPU is not counted.
@@ -237,6 +241,222 @@ def bench_faults(quick: bool) -> None:
         closes += sum(1 for ev in r.trace if ev.kind == "close_call" and ev.t < end)
     say(f"simultaneous start, 4 nodes, 64 shards: {opens / len(seeds):g} opens, "
         f"{closes / len(seeds):g} closes per start")
+    say()
+
+
+# -- 3c. a slow store, on real processes ----------------------------------------------------
+
+
+#: The phases of the slow-store run, each 4 TTLs long, on one node's requests
+#: (through `faultproxy`): added latency as a share of the TTL, or 503 answers.
+SLOW_PHASES: tuple[tuple[str, float, float], ...] = (
+    ("no fault", 0.0, 0.0),
+    ("+0.15 x TTL latency", 0.15, 0.0),
+    ("+0.3 x TTL latency", 0.3, 0.0),
+    ("30% 503 SlowDown", 0.0, 0.3),
+    ("+0.5 x TTL latency", 0.5, 0.0),
+)
+#: Phases in which the slowed node must keep its shards (the others are figures).
+SLOW_KEEPS = ("no fault", "+0.15 x TTL latency", "+0.3 x TTL latency", "30% 503 SlowDown")
+
+
+@dataclass
+class PhaseFigures:
+    """What one node went through during one phase of a slow-store run, from
+    its recording host (opens, closes, self-fences, losses), its structured
+    log (renew_slow, renew_failed) and the proxy in front of it (requests)."""
+
+    label: str
+    seconds: float
+    self_fences: int  # self_fence events (each may fence several shards)
+    fenced: int  # shards fenced
+    lost: int
+    held_start: int  # shards open on its host at the start of the phase
+    held_min: int
+    held_max: int
+    held_end: int
+    renew_slow: int
+    renew_failed: int
+    requests: dict[str, int]  # at the proxy, by kind (and slowdown, abandoned)
+    errors: list[str]  # a few distinct renew_failed errors
+    #: Cluster-wide, within the phase: the longest any shard was open on no
+    #: node, and the shard-seconds of shards open on no node.
+    closed_max: float = 0.0
+    closed_area: float = 0.0
+
+    def row(self) -> str:
+        asked = sum(v for k, v in self.requests.items() if k not in ("slowdown", "abandoned"))
+        extra = "".join(f", {self.requests[k]} {k}" for k in ("slowdown", "abandoned")
+                        if self.requests.get(k))
+        return (f"{self.label:<22} self-fences {self.self_fences:>2} ({self.fenced} shards), "
+                f"lost {self.lost}, shards held {self.held_start} -> min {self.held_min} / "
+                f"max {self.held_max} -> {self.held_end}, renew_slow {self.renew_slow}, "
+                f"renew_failed {self.renew_failed}, requests {asked} "
+                f"({asked / self.seconds:.1f}/s{extra}); shards open nowhere "
+                f"{self.closed_area:.1f} shard-s, longest {self.closed_max:.1f}s")
+
+
+def phase_figures(label: str, node: str, start: float, end: float,
+                  recorded: list[dict[str, Any]], logged: list[dict[str, Any]],
+                  requests: Counter[str]) -> PhaseFigures:
+    """`node`'s figures between wall times `start` and `end`. `recorded`: the
+    recording hosts' lines (any nodes); `logged`: `node`'s JSON log lines."""
+    mine = sorted((e for e in recorded if e.get("node") == node),
+                  key=lambda e: float(e["wall"]))
+    open_now: set[int] = set()
+    held_start: int | None = None
+    low = high = 0
+    fences = fenced = lost = 0
+    for ev in mine:
+        wall = float(ev["wall"])
+        if wall > end:
+            break
+        if wall >= start and held_start is None:
+            held_start = low = high = len(open_now)
+        kind = ev.get("event")
+        if kind == "open_end":
+            open_now.add(int(ev["shard"]))
+        elif kind == "close_start":
+            open_now.discard(int(ev["shard"]))
+        if wall >= start:
+            low, high = min(low, len(open_now)), max(high, len(open_now))
+            fences += kind == "self_fence"
+            fenced += len(ev.get("shards", ())) if kind == "self_fence" else 0
+            lost += kind == "lost"
+    if held_start is None:
+        held_start = low = high = len(open_now)
+    in_phase = [e for e in logged if start <= float(e.get("ts", 0.0)) <= end]
+    failed = [e for e in in_phase if e.get("event") == "renew_failed"]
+    errors = list(dict.fromkeys(str(e.get("error", "")) for e in failed))[:3]
+    return PhaseFigures(label, end - start, fences, fenced, lost, held_start, low, high,
+                        len(open_now), sum(e.get("event") == "renew_slow" for e in in_phase),
+                        len(failed), dict(sorted(requests.items())), errors,
+                        *closed_stretches(recorded, start, end))
+
+
+def open_on(recorded: list[dict[str, Any]], node: str) -> set[int]:
+    """The shards open on `node`'s host at the end of the recording."""
+    now: set[int] = set()
+    for ev in sorted((e for e in recorded if e.get("node") == node),
+                     key=lambda e: float(e["wall"])):
+        if ev.get("event") == "open_end":
+            now.add(int(ev["shard"]))
+        elif ev.get("event") == "close_start":
+            now.discard(int(ev["shard"]))
+    return now
+
+
+def closed_stretches(recorded: list[dict[str, Any]], start: float,
+                     end: float) -> tuple[float, float]:
+    """The longest stretch of [start, end] during which some shard was open
+    on no node (from open_end to close_start, as the hosts saw it), and the
+    sum of all such stretches over the shards (shard-seconds)."""
+    by_shard: dict[int, list[tuple[float, int]]] = {}
+    for ev in recorded:
+        kind = ev.get("event")
+        if kind in ("open_end", "close_start"):
+            by_shard.setdefault(int(ev["shard"]), []).append(
+                (float(ev["wall"]), 1 if kind == "open_end" else -1))
+    longest = total = 0.0
+    for changes in by_shard.values():
+        changes.sort()
+        count, closed_since = 0, start
+        for wall, step in changes:
+            if wall > end:
+                break
+            was = count
+            count += step
+            if was == 0 and count > 0 and wall > start:
+                longest = max(longest, wall - closed_since)
+                total += wall - closed_since
+            elif count == 0:
+                closed_since = max(wall, start)
+        if count == 0:
+            longest = max(longest, end - closed_since)
+            total += end - closed_since
+    return longest, total
+
+
+async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes: int,
+                    phase: float) -> list[PhaseFigures]:
+    """Node processes on S3 at `endpoint`, one of them through a `FaultProxy`,
+    through `SLOW_PHASES` of `phase` seconds each, then until balanced again."""
+    from shardlease.checker import check_events, load_events
+    from shardlease.demo import Demo
+    from shardlease.faultproxy import NO_FAULTS, FaultProxy, Faults
+    from shardlease.stores import open_store
+
+    bucket = f"bench-slow-{os.urandom(3).hex()}"
+    await _create_bucket(endpoint, bucket)
+    proxy = FaultProxy(endpoint, seed=0)
+    await proxy.start()
+    names = [f"node-{i}" for i in range(nodes)]
+    slowed = names[1]
+    direct = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
+    for sub in ("events", "logs"):
+        (workdir / sub).mkdir(parents=True)
+    demo = Demo(nodes=nodes, shards=shards, store_url=direct, cluster="bench", workdir=workdir,
+                ttl=ttl, view="none", store_for={
+                    slowed: f"s3://{bucket}/bench?endpoint={proxy.endpoint}&path_style=true"})
+    store = open_store(direct)
+    try:
+        for name in names:
+            demo.start(name)
+        await demo.wait_balanced(store, "after the start")
+        marks: list[tuple[str, float, float, Counter[str]]] = []
+        for label, latency, errors in SLOW_PHASES:
+            proxy.set(Faults(latency=latency * ttl, error_rate=errors))
+            before, start = proxy.counts(), time.time()
+            await asyncio.sleep(phase)
+            marks.append((label, start, time.time(), proxy.counts() - before))
+        proxy.set(NO_FAULTS)
+        before, start = proxy.counts(), time.time()
+        # Balanced in the store, and the slowed node's share open on its host
+        # again (the store alone may still name it for leases it fenced).
+        while len(open_on(load_events(demo.records), slowed)) < shards // nodes:
+            if time.time() > start + demo.timeout:
+                raise RuntimeError(f"{slowed} did not get its share back after the faults")
+            await asyncio.sleep(0.2)
+        await demo.wait_balanced(store, "after the faults")
+        marks.append(("until balanced again", start, time.time(), proxy.counts() - before))
+    finally:
+        # In a thread: the proxy in this loop serves the slowed node's stop.
+        await asyncio.to_thread(demo.stop_all, 3 * ttl)
+        await proxy.aclose()
+        with contextlib.suppress(Exception):
+            await store.aclose()
+    recorded = load_events(demo.records)
+    logged = load_events([workdir / "logs" / f"{slowed}.log"])
+    figures = [phase_figures(label, slowed, start, end, recorded, logged, requests)
+               for label, start, end, requests in marks]
+    report = check_events(recorded, conservative=True)
+    if not report.ok:
+        raise RuntimeError(f"two open owners of a shard: {report.violations[0]}")
+    return figures
+
+
+def bench_slow_store(quick: bool) -> None:
+    ttl, shards, nodes = 3.0, 12, 3
+    phase = (2 if quick else 4) * ttl
+    with moto_endpoint() as endpoint:
+        say(f"== slow store on real processes ({nodes} node processes on S3 (moto), "
+            f"{shards} shards, lease TTL {ttl:g}s; node-1 alone through a fault-injecting "
+            f"proxy: every request it makes, renewals included; phases of {phase:g}s) ==")
+        if endpoint is None:
+            say("slow store: not measured (moto is not installed: pip install 'moto[server]')")
+            say()
+            return
+        workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+        try:
+            figures = asyncio.run(_slow_run(endpoint, workdir, ttl, shards, nodes, phase))
+        except (RuntimeError, ShardleaseError, TimeoutError) as e:
+            say(f"slow store: failed: {type(e).__name__}: {e} (files kept in {workdir})")
+            say()
+            return
+        shutil.rmtree(workdir, ignore_errors=True)
+    for f in figures:
+        say(f"slow node, {f.row()}")
+    say("  (no two open owners of any shard over the run: the overlap checker passed)")
     say()
 
 
@@ -649,6 +869,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench_failover(args.quick)
     bench_rounds(args.quick)
     bench_faults(args.quick)
+    bench_slow_store(args.quick)
     bench_requests(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return 0

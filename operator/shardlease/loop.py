@@ -202,6 +202,9 @@ class PlacementLoop:
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        # Failed calls are retried within the loop's budgets (calls.py), never
+        # by the store on a schedule of its own.
+        store.retried_by_caller()
         self.options = options
         self.name = options.name
         self.cluster = options.cluster_name

@@ -53,6 +53,13 @@ class LeaseStore(abc.ABC):
     def describe(self) -> str:
         """A short human description (URL without secrets)."""
 
+    def retried_by_caller(self) -> None:  # noqa: B027 - optional hook
+        """The caller retries every failed call itself, within budgets of its
+        own (the placement loop): from now on the store should make one
+        attempt per call and fail fast, rather than retry with pauses of its
+        own inside the caller's budget. The default does nothing (stores that
+        do not retry)."""
+
     async def check(self) -> None:  # noqa: B027 - optional hook
         """Verify at start that the store is reachable and enforces conditional
         writes. Raises `StoreUnsafe` or `StoreError` with a message saying what

@@ -172,6 +172,8 @@ class S3Store(LeaseStore):
         self._gets = asyncio.Semaphore(max_parallel_gets)
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
+        #: Clients replaced by `retried_by_caller()`, closed by `aclose()`.
+        self._replaced: list[contextlib.AsyncExitStack] = []
         self._client_lock = asyncio.Lock()
         #: object key -> the lease last read or written there, by ETag.
         self._cache: dict[str, Stored[Lease]] = {}
@@ -292,10 +294,26 @@ class S3Store(LeaseStore):
         operation = event_name.rsplit(".", 1)[-1]
         self._count(_KINDS.get(operation, operation.lower()))
 
+    def retried_by_caller(self) -> None:
+        """One attempt per request from now on. botocore's standard retries
+        pause rand(0, 1) s, then rand(0, 2) s after a throttling answer (503
+        SlowDown), all inside one call: at a lease TTL of 3 s that is the
+        whole 1.5 s budget of a renewal, for at most three attempts. The loop
+        retries a failed call itself after 5% of an interval (doubling), so
+        many more attempts fit in the same budget. The next request opens a
+        new client (one in use is closed by `aclose()`)."""
+        self._config = self._config.merge(Config(retries={"mode": "standard",
+                                                          "total_max_attempts": 1}))
+        if self._stack is not None:
+            self._replaced.append(self._stack)
+        self._stack, self._client = None, None
+
     async def aclose(self) -> None:
-        stack, self._stack, self._client = self._stack, None, None
-        if stack is not None:
-            await stack.aclose()
+        stacks = [*self._replaced, self._stack]
+        self._replaced, self._stack, self._client = [], None, None
+        for stack in stacks:
+            if stack is not None:
+                await stack.aclose()
 
     async def _call(self, operation: str, key: str, **params: Any) -> dict[str, Any]:
         """One S3 call on `key`; every failure becomes a `_S3Failure`."""
