@@ -56,6 +56,8 @@ from shardlease.telemetry import Claim, Event, Lost, Release, RenewFailed, Round
 
 NODES = 4
 SIZES = (64, 256, 1024)
+#: Measured in node mode only (see bench_requests).
+BIG_SIZES = (4096,)
 
 
 def say(line: str = "") -> None:
@@ -176,6 +178,31 @@ def bench_rounds(quick: bool) -> None:
                 f"{_median(values)}, max {max(values, default=math.nan):g}{never}")
         say(f"  simulated failover time / TTL, {shards} shards: median {_median(recovery)}, "
             f"max {max(recovery, default=math.nan):.2f}; invariant violations: {problems}")
+    say()
+
+
+def bench_scale(quick: bool) -> None:
+    from shardlease.sim import Crash, Join, Leave, run_scenario
+
+    # Shard mode makes every node write every lease it holds each round: at
+    # 10,000 shards the simulation itself takes most of an hour, so it is
+    # shown a size smaller.
+    runs = ((("shard", 20, 1000), ("node", 20, 1000)) if quick else
+            (("shard", 100, 1000), ("node", 100, 10_000)))
+    say("== rounds to balance at scale (simulation: real loops on virtual time, memory store, "
+        "lease TTL 15s; the nodes start together, then one joins, one leaves, one crashes) ==")
+    for renewal, nodes, shards in runs:
+        result = run_scenario(nodes=nodes, shards=shards, seed=1, renewal=renewal, faults=[
+            Join(at=60, node=f"n{nodes}"), Leave(at=120, node="n0"), Crash(at=180, node="n1")],
+            recovery_bound=120.0)
+        figures = {f.kind: f for f in result.balance}
+        parts = []
+        for kind in ("start", "join", "leave", "crash"):
+            f = figures.get(kind)
+            parts.append(f"{kind} {'never' if f is None or f.rounds is None else f.rounds}")
+        say(f"rounds to balance, {renewal} renewal, {nodes} nodes x {shards} shards: "
+            f"{', '.join(parts)}; invariant violations: {len(result.violations)}; "
+            f"simulated {result.end:.0f}s in {result.real_seconds:.0f}s of wall time")
     say()
 
 
@@ -551,15 +578,16 @@ def _combine(parts: list[Steady]) -> Steady:
                   sum(p.churn for p in parts))
 
 
-def _options(name: str, shards: int, ttl: float) -> Options:
-    return Options.make(shards=shards, lease_ttl=ttl, name=name, cluster_name="bench")
+def _options(name: str, shards: int, ttl: float, renewal: str = "shard") -> Options:
+    return Options.make(shards=shards, lease_ttl=ttl, name=name, cluster_name="bench",
+                        renewal=renewal)
 
 
 async def steady_in_process(make_store: Callable[[], LeaseStore], shards: int, ttl: float,
-                            rounds: int) -> Steady:
+                            rounds: int, renewal: str = "shard") -> Steady:
     """NODES loops in this process (the memory store cannot be shared across
     processes). CPU is the whole process's over the window, per node-round."""
-    loops = [PlacementLoop(make_store(), NullHost(), _options(f"b{i}", shards, ttl))
+    loops = [PlacementLoop(make_store(), NullHost(), _options(f"b{i}", shards, ttl, renewal))
              for i in range(NODES)]
     meters = [_Meter(p, rounds) for p in loops]
     tasks = [asyncio.create_task(p.run()) for p in loops]
@@ -608,6 +636,7 @@ def node_worker(argv: list[str]) -> None:
                         format="%(created).3f %(name)s %(message)s")
     store_url, name = argv[0], argv[1]
     shards, ttl, rounds = int(argv[2]), float(argv[3]), int(argv[4])
+    renewal = argv[5] if len(argv) > 5 else "shard"
 
     def tell(out: dict[str, Any]) -> None:
         print(json.dumps(out), flush=True)
@@ -619,7 +648,7 @@ def node_worker(argv: list[str]) -> None:
                                             write_id=new_write_id(), at=time.time()))
         tell({"ready": True})
         await asyncio.to_thread(sys.stdin.readline)
-        placement = PlacementLoop(store, NullHost(), _options(name, shards, ttl))
+        placement = PlacementLoop(store, NullHost(), _options(name, shards, ttl, renewal))
         meter = _Meter(placement, rounds)
         if log_dir:
             from shardlease.telemetry import log_events
@@ -652,7 +681,8 @@ def node_worker(argv: list[str]) -> None:
 _WORKER = "import sys; from shardlease.bench import node_worker; node_worker(sys.argv[1:])"
 
 
-def steady_processes(store_url: str, shards: int, ttl: float, rounds: int) -> Steady:
+def steady_processes(store_url: str, shards: int, ttl: float, rounds: int,
+                     renewal: str = "shard", env: dict[str, str] | None = None) -> Steady:
     """NODES node processes on one store; each measures its own requests and
     CPU (time.process_time of that process) over `rounds` of its rounds."""
     import json
@@ -660,8 +690,9 @@ def steady_processes(store_url: str, shards: int, ttl: float, rounds: int) -> St
     import threading
 
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, store_url, f"b{i}", str(shards),
-                               str(ttl), str(rounds)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                               str(ttl), str(rounds), renewal], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env=None if env is None else {**os.environ, **env})
              for i in range(NODES)]
     lines: queue.Queue[str] = queue.Queue()
 
@@ -776,61 +807,97 @@ def file_latency(directory: str) -> float:
     return asyncio.run(measure())
 
 
-def bench_requests(quick: bool) -> None:
+#: Published S3 request prices, dollars per 1,000 requests (GET and HEAD are
+#: cheaper; DELETE is free).
+S3_PRICE = {"put": 0.005, "list": 0.005, "get": 0.0004, "head": 0.0004, "delete": 0.0}
+#: Rounds per month at the default interval (lease TTL 15 s / 3).
+ROUNDS_PER_MONTH = 30 * 24 * 3600 / 5.0
+
+
+def s3_monthly_cost(steady: Steady, nodes: int = NODES) -> float:
+    """Dollars a month of S3 requests for `nodes` nodes at the default interval."""
+    per_round = sum(S3_PRICE.get(kind, 0.005) * n / 1000 for kind, n in steady.requests.items())
+    return per_round * nodes * ROUNDS_PER_MONTH
+
+
+def bench_requests(quick: bool, kubeconfig: str | None = None) -> None:
     from shardlease.stores.memory import MemoryBackend, MemoryStore
 
     sizes = SIZES[:1] if quick else SIZES
+    big = () if quick else BIG_SIZES
     rounds = 2
     say(f"== store requests per node per round and loop CPU per round (steady state: "
-        f"{NODES} nodes, every shard owned, nothing moving; {rounds} rounds of each node) ==")
-    say("  memory: 4 loops in one process; file and s3: 4 node processes, each measuring "
-        "its own requests and CPU")
-    say("  requests: one per store call (memory, file), one per HTTP request (s3)")
+        f"{NODES} nodes, every shard owned, nothing moving; {rounds} rounds of each node), "
+        "for both renewal modes (docs/renewal.md) ==")
+    say("  memory: 4 loops in one process; file, s3 and kubernetes: 4 node processes, each "
+        "measuring its own requests and CPU")
+    say("  requests: one per store call (memory, file), one per HTTP request (s3, kubernetes)")
 
-    def measure(kind: str, run: Callable[[int], Steady]) -> None:
-        for shards in sizes:
-            started = time.monotonic()
-            try:
-                row: Steady | str = run(shards)
-            except (RuntimeError, ShardleaseError, TimeoutError) as e:
-                row = f"failed: {type(e).__name__}: {e}"
-            _print_row(kind, shards, row, time.monotonic() - started)
+    def measure(kind: str, run: Callable[[int, str], Steady], cost: bool = False,
+                extra: tuple[int, ...] = ()) -> None:
+        for renewal in ("shard", "node"):
+            # Shard mode at 4096 shards is thousands of writes per round: the
+            # big sizes are measured in node mode only.
+            for shards in (*sizes, *(extra if renewal == "node" else ())):
+                started = time.monotonic()
+                try:
+                    row: Steady | str = run(shards, renewal)
+                except (RuntimeError, ShardleaseError, TimeoutError) as e:
+                    row = f"failed: {type(e).__name__}: {e}"
+                _print_row(f"{kind}, {renewal} renewal", shards, row,
+                           time.monotonic() - started, cost)
 
-    def memory(shards: int) -> Steady:
+    def memory(shards: int, renewal: str) -> Steady:
         backend = MemoryBackend()
         return asyncio.run(steady_in_process(lambda: MemoryStore(backend, name="bench"),
-                                             shards, 1.5, rounds))
+                                             shards, max(1.5, shards / 400), rounds, renewal))
 
-    measure("memory", memory)
+    measure("memory", memory, extra=big)
 
     # tmpfs when there is one: the figures are requests and CPU, and a disk's
     # fsync latency would only stretch the rounds (reported separately below).
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
-    def file(shards: int) -> Steady:
+    def file(shards: int, renewal: str) -> Steady:
         directory = tempfile.mkdtemp(prefix="shardlease-bench-", dir=shm)
         try:
             return steady_processes(f"file://{directory}", shards, max(1.5, shards / 200),
-                                    rounds)
+                                    rounds, renewal)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    measure("file" + (" (tmpfs)" if shm else ""), file)
+    measure("file" + (" (tmpfs)" if shm else ""), file, extra=big)
 
     with moto_endpoint() as endpoint:
         if endpoint is None:
             say("s3: not measured (moto is not installed: pip install 'moto[server]')")
         else:
-            def s3(shards: int) -> Steady:
+            def s3(shards: int, renewal: str) -> Steady:
                 bucket = f"bench-{shards}-{os.urandom(3).hex()}"
                 asyncio.run(_create_bucket(endpoint, bucket))
                 url = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
                 # moto serves each request in turn: a round of 1024 shards took ~13 s
                 # here (4 nodes, 2 CPUs), so the interval (TTL/3) must exceed it.
-                ttl = min(45.0, max(3.0, shards / 17))
-                return steady_processes(url, shards, ttl, rounds)
+                ttl = min(45.0, max(3.0, shards / (17 if renewal == "shard" else 120)))
+                return steady_processes(url, shards, ttl, rounds, renewal)
 
-            measure("s3 (moto)", s3)
+            measure("s3 (moto)", s3, cost=True, extra=big)
+
+    if kubeconfig is None:
+        say("kubernetes: not measured (give --kubeconfig of a cluster to write Leases to)")
+    else:
+        def kubernetes(shards: int, renewal: str) -> Steady:
+            namespace = asyncio.run(_k8s_namespace(kubeconfig))
+            try:
+                ttl = min(45.0, max(3.0, shards / (40 if renewal == "shard" else 200)))
+                return steady_processes(f"kubernetes://{namespace}", shards, ttl, rounds,
+                                        renewal, env={"KUBECONFIG": kubeconfig})
+            finally:
+                asyncio.run(_k8s_namespace(kubeconfig, delete=namespace))
+
+        measure("kubernetes", kubernetes, extra=big[:0] if quick else (4096,))
+        say("  (kubernetes writes per second per node = put per round / interval; the "
+            "interval is lease TTL / 3)")
 
     directory = tempfile.mkdtemp(prefix="shardlease-bench-")
     try:
@@ -843,7 +910,27 @@ def bench_requests(quick: bool) -> None:
     say()
 
 
-def _print_row(kind: str, shards: int, steady: Steady | str, took: float) -> None:
+async def _k8s_namespace(kubeconfig: str, delete: str | None = None) -> str:
+    """Make a namespace for one measurement (or delete it)."""
+    from shardlease.stores.kubernetes import api_client, call
+
+    api = await api_client(kubeconfig)
+    try:
+        if delete is not None:
+            await call(api, "DELETE", f"/api/v1/namespaces/{delete}")
+            return delete
+        name = f"bench-{os.urandom(3).hex()}"
+        status, payload = await call(api, "POST", "/api/v1/namespaces",
+                                     {"metadata": {"name": name}})
+        if status not in (200, 201):
+            raise RuntimeError(f"cannot create namespace {name}: {status} {payload}")
+        return name
+    finally:
+        await api.close()
+
+
+def _print_row(kind: str, shards: int, steady: Steady | str, took: float,
+               cost: bool = False) -> None:
     if isinstance(steady, str):
         say(f"store requests per node per round, {kind}, {shards} shards: {steady}")
         return
@@ -851,6 +938,9 @@ def _print_row(kind: str, shards: int, steady: Steady | str, took: float) -> Non
     quiet = "" if steady.churn == 0 else f" (not quiet: {steady.churn} claims/releases/fences)"
     say(f"store requests per node per round, {kind}, {shards} shards: {steady.total:.1f} "
         f"({parts}){quiet}")
+    if cost:
+        say(f"S3 requests a month, {kind}, {shards} shards, {NODES} nodes, interval 5 s: "
+            f"${s3_monthly_cost(steady):,.0f}")
     say(f"loop CPU per round, {kind}, {shards} shards: {steady.cpu_ms:.2f} ms per node "
         f"(over {steady.rounds} node-rounds; measured in {took:.0f}s)")
 
@@ -866,10 +956,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     say(f"shardlease bench{' --quick' if args.quick else ''} ({os.cpu_count()} CPUs, "
         f"Python {sys.version.split()[0]})")
     say()
-    bench_failover(args.quick)
-    bench_rounds(args.quick)
-    bench_faults(args.quick)
-    bench_slow_store(args.quick)
-    bench_requests(args.quick)
+    only = set(args.only or ())
+
+    def wanted(section: str) -> bool:
+        return not only or section in only
+
+    if wanted("failover"):
+        bench_failover(args.quick)
+    if wanted("rounds"):
+        bench_rounds(args.quick)
+    if wanted("faults"):
+        bench_faults(args.quick)
+    if wanted("slow-store"):
+        bench_slow_store(args.quick)
+    if wanted("requests"):
+        bench_requests(args.quick, args.kubeconfig)
+    if wanted("scale"):
+        bench_scale(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return 0

@@ -414,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="print failover, balance, request and CPU figures",
                            description="Measure shardlease (figures, not a test).")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes")
+    bench.add_argument("--kubeconfig", help="also measure the Kubernetes Lease store on this "
+                       "cluster (it creates and deletes a namespace per measurement)")
+    bench.add_argument("--only", action="append", choices=("failover", "rounds", "faults",
+                       "slow-store", "requests", "scale"),
+                       help="run only these sections (repeat)")
     bench.set_defaults(func=_cmd_bench)
 
     from shardlease.k8s.commands import add_parsers

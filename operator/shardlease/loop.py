@@ -238,6 +238,11 @@ class PlacementLoop:
         self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
         self._owners: dict[int, Owner] = {}
+        self._owner_rows: dict[int, tuple[Lease, Owner]] = {}
+        #: The last lease listing, and what was worked out from it.
+        self._last_listing: dict[int, Stored[Lease]] = {}
+        self._named: dict[EpochKey, None] = {}
+        self._free_shards: list[int] = []
         self._hb_seq = 0
         # Held by a heartbeat write and by its deletion: a graceful stop must
         # not delete the heartbeat while a write of it is on its way.
@@ -571,6 +576,8 @@ class PlacementLoop:
 
     def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> dict[EpochKey, None]:
         """The epochs node-mode leases name, in shard order."""
+        if leases is self._last_listing:
+            return self._named  # worked out while reading it
         return {(rec.owner, rec.incarnation or ""): None for st in leases.values()
                 if (rec := st.record) is not None and rec.renewal == "node"
                 and rec.owner is not None}
@@ -861,10 +868,25 @@ class PlacementLoop:
             return None
         now = self.clock.monotonic()
         owners: dict[int, Owner] = {}
+        named: dict[EpochKey, None] = {}
+        free: list[int] = []
+        last = self._last_listing
         for shard in range(self.options.shards):
             stored = leases.get(shard)
+            if stored is not None and stored is last.get(shard):
+                # The very entry of the last listing (stores keep what did not
+                # change): nothing to note but what it says.
+                rec = stored.record
+                if rec is not None:
+                    owners[shard] = self._owner_of(shard, rec)
+                    if rec.owner is None:
+                        free.append(shard)
+                    elif rec.renewal == "node":
+                        named[(rec.owner, rec.incarnation or "")] = None
+                continue
             seen = self._seen.get(shard)
             if stored is None:
+                free.append(shard)
                 if seen is None or seen.version != _MISSING:
                     self._seen[shard] = _Seen(_MISSING, now, None)
                 continue
@@ -874,15 +896,30 @@ class PlacementLoop:
                     logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
                     self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
                                                      shard=shard, error=stored.error or ""))
-            if stored.record is not None:
-                gen = stored.record.generation
-                self._max_generation[shard] = max(gen, self._max_generation.get(shard, 0))
-                owners[shard] = Owner(shard, stored.record.owner, gen, stored.record.since)
+            if (rec := stored.record) is not None:
+                self._max_generation[shard] = max(rec.generation,
+                                                  self._max_generation.get(shard, 0))
+                owners[shard] = self._owner_of(shard, rec)
+                if rec.owner is None:
+                    free.append(shard)
+                elif rec.renewal == "node":
+                    named[(rec.owner, rec.incarnation or "")] = None
         for shard, held in self.held.items():
             owners[shard] = Owner(shard, self.name, held.lease.generation, held.lease.since)
         self._owners = owners
+        self._last_listing = leases
+        self._named = named
+        self._free_shards = free
         self.ready.set()
         return leases
+
+    def _owner_of(self, shard: int, rec: Lease) -> Owner:
+        """The Owner row of a record, shared while the record is unchanged."""
+        cached = self._owner_rows.get(shard)
+        if cached is None or cached[0] is not rec:
+            cached = self._owner_rows[shard] = (rec, Owner(shard, rec.owner, rec.generation,
+                                                           rec.since))
+        return cached[1]
 
     def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
         if shard in self.held or self.runner.state(shard) is not None:
@@ -930,8 +967,10 @@ class PlacementLoop:
         active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
         want = max(0, share - active)
         now = self.clock.monotonic()
-        candidates = [s for s in range(self.options.shards)
-                      if self._claimable(s, leases.get(s), now)]
+        # At its share a node only adopts shards free for a TTL: the free ones
+        # are all it needs to look at (the rest costs O(shards) a round).
+        pool = range(self.options.shards) if want > 0 else self._free_shards
+        candidates = [s for s in pool if self._claimable(s, leases.get(s), now)]
         candidates.sort(key=lambda s: preference(self.name, s), reverse=True)
         chosen = candidates[:want]
         # A shard nobody claimed for a whole TTL: the hosts of the nodes below

@@ -194,8 +194,10 @@ class LeaseStore(abc.ABC):
                       found: dict[int, Stored[Lease]]) -> dict[int, Stored[Lease]]:
         """A complete listing of `cluster`'s leases, with the vanished ones
         added back as entries that say so. Every store's `list_leases` ends here."""
+        last = self._last_held
         for shard, stored in found.items():
-            self._note(cluster, shard, stored)
+            if last.get((cluster, shard)) is not stored:  # (unchanged: noted already)
+                self._note(cluster, shard, stored)
         gone = sorted(s for c, s in self._last_held if c == cluster and s not in found)
         for shard in gone:
             entry = self._vanished(cluster, shard)

@@ -49,17 +49,24 @@ class MemoryStore(LeaseStore):
         super().__init__()
         self.backend = backend if backend is not None else MemoryBackend()
         self.name = name
+        self._decoded: dict[tuple[str, int], Stored[Lease]] = {}
 
     def describe(self) -> str:
         return f"memory://{self.name}"
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         self._count("list")
-        return self._observed_all(cluster, {
-            shard: stored_lease(data, version, cluster, shard)
-            for (c, shard), (version, data) in sorted(self.backend.leases.items())
-            if c == cluster
-        })
+        found: dict[int, Stored[Lease]] = {}
+        for (c, shard), (version, data) in sorted(self.backend.leases.items()):
+            if c != cluster:
+                continue
+            # Decoded once per version, as a real store GETs only what changed:
+            # a listing then costs what changed, not the shard count.
+            cached = self._decoded.get((c, shard))
+            if cached is None or cached.version != version:
+                cached = self._decoded[(c, shard)] = stored_lease(data, version, cluster, shard)
+            found[shard] = cached
+        return self._observed_all(cluster, found)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         self._count("get")
