@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -614,12 +615,15 @@ class ControlPlane:
         raise RuntimeError(f"kube-apiserver not ready after {self.start_timeout:.0f}s ({last}):\n"
                            f"{self._log_tail('kube-apiserver.log')}")
 
-    def restart_apiserver(self) -> None:
+    def restart_apiserver(self, while_stopped: Callable[[], object] | None = None) -> None:
         """Stop the API server and start it again on the same port, with the
         same etcd (clients keep their kubeconfig; their connections break and
-        the new server's watch cache starts from etcd's current revision)."""
+        the new server's watch cache starts from etcd's current revision);
+        `while_stopped` runs in between."""
         if self.apiserver_pid:
             _terminate(self.apiserver_pid, "kube-apiserver")
+        if while_stopped is not None:
+            while_stopped()
         self._start_apiserver(binary_path("kube-apiserver"), self.apiserver_port)
         self._write_state()
 

@@ -743,8 +743,9 @@ class KubernetesStore(LeaseStore):
                 return
             except Exception as e:  # the connection, the server, a malformed event
                 failure = e
-            if time.monotonic() - view.sign > self.stale_after:
-                view.broken = f"its watch keeps failing: {failure}"
+            if (silent := time.monotonic() - view.sign) > self.stale_after:
+                view.broken = (f"no event, bookmark or watch answer for {silent:.1f}s (more than "
+                               f"{self.stale_after:g}s); the watch: {failure}")
                 logger.warning("kubernetes store: watch of cluster %s: %s", view.cluster,
                                view.broken)
                 return
