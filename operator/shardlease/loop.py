@@ -122,6 +122,10 @@ _MISSING = "\0missing"
 #: deleted by any node (crashed nodes' epochs), at most GC_PER_ROUND a round.
 EPOCH_GC_TTLS = 2.0
 GC_PER_ROUND = 4
+#: Node mode: while the heartbeat listing finds nobody (no node keeps leases
+#: by heartbeat and per-lease renewal: a pure node-mode cluster), it is read
+#: only every HEARTBEAT_READ_EVERY rounds; it only counts such peers.
+HEARTBEAT_READ_EVERY = 4
 #: An epoch is identified by a node name and an epoch id.
 EpochKey = tuple[str, str]
 
@@ -272,6 +276,9 @@ class PlacementLoop:
         #: Epochs whose version changed after a silence: perhaps ended by a
         #: peer (read to find out, so this node need not wait another TTL).
         self._suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
+        #: Node mode: rounds since the heartbeat listing last ran (it is
+        #: skipped while it finds nobody; see HEARTBEAT_READ_EVERY).
+        self._beats_skipped = 0
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -813,6 +820,11 @@ class PlacementLoop:
             await self._free_strays(leases)
         elif leases is not None and not first and self.runner.running:
             await self._claim(leases, share)
+            if self.mode == "node":
+                # A lease of ours that we do not hold (a claim whose answer was
+                # lost and could not be recognised): under our live epoch
+                # nobody else may take it, so it is freed here.
+                await self._free_strays(leases)
         if leases is not None and epochs is not None:
             await self._collect_epochs(leases)
         self.rounds += 1
@@ -822,6 +834,11 @@ class PlacementLoop:
                                   ok=leases is not None))
 
     async def _live_nodes(self) -> set[str]:
+        if self.mode == "node" and not self._beats and not self._stopping \
+                and self._beats_skipped < HEARTBEAT_READ_EVERY - 1 and self.rounds > 0:
+            self._beats_skipped += 1
+            return {self.name}
+        self._beats_skipped = 0
         try:
             beats = await self.calls.joined("heartbeats", "heartbeat listing",
                                        lambda: self.store.list_heartbeats(self.cluster))
@@ -1040,8 +1057,10 @@ class PlacementLoop:
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
         deadline = self._epoch_deadline if by_epoch else self._deadline(sent)
-        if self._stopping or deadline is None or (by_epoch and epoch != self.epoch):
-            # Stopped (or the epoch ended) while the claim was in flight: the
+        if self._stopping or deadline is None or (by_epoch and (
+                epoch != self.epoch or deadline <= self.clock.monotonic())):
+            # Stopped (or the epoch ended, or its deadline passed: a slow
+            # write) while the claim was in flight: never opened; the
             # renewals free it.
             held = _Held(lease, version)
             held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED)
