@@ -65,7 +65,7 @@ from typing import Any
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
-from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
+from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
 from shardlease.records import Heartbeat, Lease, Stored, new_write_id
@@ -212,6 +212,8 @@ class PlacementLoop:
         self._strays = True  # leases of ours not held may remain (unknown until a read)
         self._stopping = False
         self._wake = asyncio.Event()
+        #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
+        self._reconfigured = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
         self.calls = Calls(interval=options.interval_s, ttl=options.lease_ttl,
@@ -235,7 +237,7 @@ class PlacementLoop:
     def lookup(self, shard: int) -> str | None:
         """The owner of `shard` from the last good read, if it is a known peer
         (or this node). Lease data alone never makes a routing target."""
-        owner = self._owners.get(shard)
+        owner = self._owners.get(shard) if shard < self.options.shards else None
         if owner is None or owner.owner is None:
             return None
         if owner.owner == self.name or owner.owner in set(self.peers()):
@@ -245,6 +247,91 @@ class PlacementLoop:
     def owners(self) -> list[Owner]:
         """Every shard's owner and generation from the last good read."""
         return [self._owners.get(s, Owner(s, None, 0)) for s in range(self.options.shards)]
+
+    def reconfigure(self, options: Options) -> None:
+        """Apply new options in place: no shard is closed, no lease given up,
+        except the shards a smaller `shards` leaves out.
+
+        - `name` and `cluster_name` cannot change (raises `ConfigError`): they
+          are who this node is in every record; that needs a new loop.
+        - `interval`: each schedule (heartbeats, renewals, rounds) is woken and
+          takes the new pace from its next sleep; a round starts at once.
+        - `lease_ttl` and `margin`: see below; store calls get the new budgets
+          from their next start (`Calls.configure`).
+        - `max_concurrency`, `open_timeout`, `close_timeout`: the runner's,
+          for the opens and closes that start from now on.
+        - `shards`: held shards at or above the new count are released the
+          usual way (the runner closes them, then the lease is freed); shards
+          new to the count become claimable; `lookup()` and `owners()` use
+          the new count at once.
+
+        Why a TTL or margin change is safe while leases are held. A lease's
+        expiry, in any observer's eyes, is at least the time its last write
+        was sent plus the TTL written *in that record*: observers date a
+        version from when they first saw it, and wait max(their own TTL, the
+        record's TTL) (`_claimable`). So this node's deadline for a shard is
+        always computed from the TTL the write that moved it carried
+        (`_deadline(sent, lease.ttl)`), never from the options of the moment:
+
+        - raising the TTL: records keep the old, shorter TTL until a renewal
+          writes the new one, and only that renewal's answer moves the
+          deadline with it. A peer still on the old options reads the new
+          record and waits max(old, new): the longer one. Safe.
+        - lowering the TTL: peers still on the old options wait longer than
+          needed: safe. This node's deadlines were computed from records that
+          carry the old TTL, which every observer still honours while those
+          records stand. The first renewal that writes the shorter TTL may
+          land as soon as it is sent, and observers would then count the
+          shorter TTL from (at the earliest) its sending: so before sending it,
+          the deadline is pulled in to sent + new TTL - margin (`Runner.curb`),
+          whether or not the write lands.
+        - margin: a shard keeps the margin its deadline was computed with
+          (the runner judges a fenced close against deadline + that margin);
+          the new one applies from each shard's next renewal.
+
+        Liveness by heartbeats uses the new TTL at once; a peer still beating
+        at an older, longer interval may look dead for a while, which costs
+        balance (a larger share here), never safety: only free or expired
+        leases are claimed.
+        """
+        old = self.options
+        for field_name in ("name", "cluster_name"):
+            if getattr(options, field_name) != getattr(old, field_name):
+                raise ConfigError(
+                    f"{field_name} cannot change in place ({getattr(old, field_name)!r} -> "
+                    f"{getattr(options, field_name)!r}): start a new loop")
+        self.options = options
+        self.calls.configure(interval=options.interval_s, ttl=options.lease_ttl)
+        self.runner.reconfigure(max_concurrency=options.max_concurrency,
+                                open_timeout=options.open_timeout,
+                                close_timeout=options.close_timeout,
+                                margin=options.margin_s, warn_ahead=options.interval_s / 2)
+        if options.shards < old.shards:
+            self._release_beyond()
+        changed = [f"{k} {getattr(old, k)} -> {getattr(options, k)}"
+                   for k in Options.model_fields if getattr(old, k) != getattr(options, k)]
+        if changed:
+            logger.info("options changed in place: %s", ", ".join(changed))
+        woken, self._reconfigured = self._reconfigured, asyncio.Event()
+        woken.set()
+        self._wake.set()
+
+    def _release_beyond(self) -> None:
+        """Release the held shards at or above the shard count (it shrank, or
+        a claim in flight when it did landed since)."""
+        for shard, held in self.held.items():
+            if shard >= self.options.shards and held.phase is Phase.HELD:
+                held.phase = Phase.RELEASING
+                self.runner.stop(shard, Reason.SHUTDOWN if self._stopping else Reason.RELEASE)
+
+    async def _pause(self, due: Callable[[], float]) -> None:
+        """Sleep until the monotonic time `due()`, computed again whenever
+        `reconfigure()` changes the options (a new interval)."""
+        while (left := due() - self.clock.monotonic()) > 0:
+            reconfigured = self._reconfigured
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await reconfigured.wait()
 
     def live_nodes(self) -> set[str]:
         return set(self._live)
@@ -340,8 +427,11 @@ class PlacementLoop:
         while not self._stopping:
             started = self.clock.monotonic()
             await self._heartbeat()
-            await asyncio.sleep(max(0.0, started + self.options.interval_s
-                                    - self.clock.monotonic()))
+
+            def due(started: float = started) -> float:
+                return started + self.options.interval_s
+
+            await self._pause(due)
 
     async def _heartbeat(self) -> None:
         async with self._hb_lock:
@@ -372,10 +462,14 @@ class PlacementLoop:
         while True:
             started = self.clock.monotonic()
             ok = await self._renew_all()
-            delay = self.options.interval_s if ok else self.options.interval_s / 2
-            if self._stopping:
-                delay = min(delay, self.options.interval_s / 4)
-            await asyncio.sleep(max(0.0, started + delay - self.clock.monotonic()))
+
+            def due(ok: bool = ok, started: float = started) -> float:
+                delay = self.options.interval_s if ok else self.options.interval_s / 2
+                if self._stopping:
+                    delay = min(delay, self.options.interval_s / 4)
+                return started + delay
+
+            await self._pause(due)
 
     async def _renew_all(self) -> bool:
         """Renew (or, once closed, free) every held lease. False if any failed
@@ -413,6 +507,11 @@ class PlacementLoop:
             # deadline counts from the first, the earliest an observer can
             # have seen this renewal.
             sent = self.clock.monotonic()
+            if lease.ttl < held.lease.ttl:
+                # A shorter TTL than the record's (reconfigure()): should this
+                # write land, observers may count it from now, so the deadline
+                # the longer TTL gave is no longer safe -- landed or not.
+                self.runner.curb(shard, self._deadline(sent, lease.ttl))
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
             try:
@@ -423,7 +522,7 @@ class PlacementLoop:
                 self._lost(shard)
                 return
             held.lease, held.version = lease, version
-            self.runner.extend(shard, self._deadline(sent))
+            self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
     async def _write_held(self, held: _Held, lease: Lease) -> str:
         """Compare-and-swap a lease this node holds. A conflict may be this
@@ -447,8 +546,10 @@ class PlacementLoop:
             held.version = current.version
         return await self.store.write_lease(lease, held.version)
 
-    def _deadline(self, sent: float) -> float:
-        return sent + self.ttl - self.options.margin_s
+    def _deadline(self, sent: float, ttl: float) -> float:
+        """The deadline a write sent at `sent` gives: `ttl` is the one it wrote
+        into the record (observers honour that one), not the options' now."""
+        return sent + ttl - self.options.margin_s
 
     def _lost(self, shard: int) -> None:
         logger.warning("lost the lease of shard %d: another node holds it", shard)
@@ -463,6 +564,7 @@ class PlacementLoop:
         first = self.rounds == 0
         live, leases = await asyncio.gather(self._live_nodes(), self._read_leases())
         share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
+        self._release_beyond()
         self._release_excess(share)
         if leases is not None and self._stopping:
             await self._free_strays(leases)
@@ -629,7 +731,7 @@ class PlacementLoop:
         self.held[shard] = _Held(lease, version, adopted=adopted)
         self._owners[shard] = Owner(shard, self.name, generation, lease.since)
         try:
-            self.runner.start(shard, generation, self._deadline(sent))
+            self.runner.start(shard, generation, self._deadline(sent, lease.ttl))
         except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
             raise RunnerDied("the shard runner stopped") from e
         if adopted:

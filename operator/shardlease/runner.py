@@ -13,11 +13,17 @@ when it is stopped or fenced is never opened.
 
 If the runner's supervisor dies, every worker is cancelled and every open
 shard gets a best-effort close; the loop sees the dead task and stops.
+
+`reconfigure()` changes the timeouts, the margin, the warning lead and the
+number of open slots while shards run. A shard keeps the margin its deadline
+was computed with (its lease's expiry is that deadline plus that margin), so
+a new margin applies from each shard's next claim or renewal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
@@ -64,6 +70,9 @@ class _Shard:
     shard: int
     generation: int
     deadline: float
+    #: The margin `deadline` was computed with: the lease's expiry, in this
+    #: node's eyes, is `deadline + margin` (None: unbounded).
+    margin: float | None = None
     state: State = State.WAITING
     reason: Reason | None = None
     warned: bool = False  # renew_slow reported for the current deadline
@@ -122,7 +131,7 @@ class Runner:
         #: reported (renew_slow), so that no fence comes unannounced.
         self.warn_ahead = warn_ahead
         self.on_closed = on_closed
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = _Slots(max_concurrency)
         self._shards: dict[int, _Shard] = {}
         self._wake = asyncio.Event()
         self._failed: BaseException | None = None
@@ -138,7 +147,27 @@ class Runner:
         new shard, since nothing would close it."""
         return self._failed is None and not self._ending
 
+    @property
+    def max_concurrency(self) -> int:
+        return self._slots.limit
+
     # -- the loop's side -------------------------------------------------------
+
+    def reconfigure(self, *, max_concurrency: int, open_timeout: float, close_timeout: float,
+                    margin: float | None, warn_ahead: float) -> None:
+        """New options, in place, for the shards running and to come.
+
+        An open or close call already running keeps the timeout it started
+        with. A smaller `max_concurrency` lets the opens running finish and
+        starts no new one until fewer run; a larger one starts waiting opens
+        at once. The margin applies to deadlines given from now on (see
+        `_Shard.margin`): the deadlines given so far keep theirs."""
+        self.open_timeout = open_timeout
+        self.close_timeout = close_timeout
+        self.margin = margin
+        self.warn_ahead = warn_ahead
+        self._slots.resize(max_concurrency)
+        self._wake.set()  # the warnings' lead may have changed
 
     def start(self, shard: int, generation: int, deadline: float) -> None:
         """Open a shard just claimed (asynchronously)."""
@@ -146,7 +175,7 @@ class Runner:
             raise RunnerDied("the runner has stopped") from self._failed
         if shard in self._shards:
             raise EngineError(f"shard {shard} is already in the runner")
-        st = _Shard(shard, generation, deadline)
+        st = _Shard(shard, generation, deadline, self.margin)
         self._shards[shard] = st
         st.task = asyncio.create_task(self._drive(st), name=f"shardlease-shard-{shard}")
         st.task.add_done_callback(self._worker_done)
@@ -157,13 +186,25 @@ class Runner:
         shard already being fenced or closed)."""
         st = self._shards.get(shard)
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
-            st.deadline = deadline
-            st.warned = False
-            self._wake.set()
-            now_m, now_w = self.clock.monotonic(), self.clock.wall()
-            self.telemetry.emit(DeadlineMoved(
-                cluster=self.cluster, node=self.node, shard=shard, generation=st.generation,
-                deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
+            self._move(st, deadline)
+
+    def curb(self, shard: int, deadline: float) -> None:
+        """A write is on its way that, if it lands, makes the lease expire
+        sooner than the current deadline allows for (it carries a shorter
+        TTL): the deadline is at most `deadline` from now on, whether or not
+        the write lands. Fences at once if that is already past."""
+        st = self._shards.get(shard)
+        if st is not None and st.reason is not Reason.FENCED and deadline < st.deadline:
+            self._move(st, deadline)
+
+    def _move(self, st: _Shard, deadline: float) -> None:
+        st.deadline, st.margin = deadline, self.margin
+        st.warned = False
+        self._wake.set()
+        now_m, now_w = self.clock.monotonic(), self.clock.wall()
+        self.telemetry.emit(DeadlineMoved(
+            cluster=self.cluster, node=self.node, shard=st.shard, generation=st.generation,
+            deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
 
     def stop(self, shard: int, reason: Reason) -> None:
         """Close a shard (after its open, if one is running)."""
@@ -262,7 +303,7 @@ class Runner:
 
     def _expiry(self, st: _Shard) -> float:
         """When another node may take the shard's lease, as this node sees it."""
-        return math.inf if self.margin is None else st.deadline + self.margin
+        return math.inf if st.margin is None else st.deadline + st.margin
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failed is None:
@@ -459,3 +500,45 @@ class Runner:
         if self.on_closed is not None:
             self.on_closed(st.shard, reason)
         self._wake.set()
+
+
+class _Slots:
+    """The open slots: a semaphore whose size can change while it is in use
+    (`resize`). Waiters are served first come, first served; a waiter
+    cancelled once its slot was granted gives the slot back."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> None:
+        if self.used < self.limit and not self._waiters:
+            self.used += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted as it was cancelled
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self.used -= 1
+        self._grant()
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.used < self.limit and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.used += 1
+                waiter.set_result(None)
