@@ -174,6 +174,23 @@ async def test_a_renewal_in_flight_when_the_ttl_rises_keeps_the_ttl_it_wrote() -
 
 
 @virtual
+async def test_a_longer_interval_waits_for_renewals_that_wrote_the_longer_ttl() -> None:
+    """15 s -> 45 s, so the interval 5 -> 15 s: the records written with TTL
+    15 fence 12.5 s after their renewal, so the next renewal comes at the old
+    pace; once every record carries 45, the new pace."""
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=2).start()
+    await asyncio.sleep(6)  # claimed at 5: deadline 17.5
+    reconfigure(a, lease_ttl=45.0)
+    await asyncio.sleep(60)
+    assert a.of(SelfFence) == [] and closes(a) == [] and a.opened() == {0, 1}
+    renewals = sorted({t for t, m in a.store.calls if m == "update_lease"})
+    assert renewals[:4] == [10.0, 25.0, 40.0, 55.0]  # claimed at 5
+    assert {getattr(lease(backend, s), "ttl", None) for s in (0, 1)} == {45.0}
+    await a.stop()
+
+
+@virtual
 async def test_a_raised_margin_does_not_stretch_a_fenced_close_past_the_expiry() -> None:
     backend = MemoryBackend()
     a = Node("a", backend, shards=1).start()  # ttl 15, interval 5, margin 2.5

@@ -214,6 +214,9 @@ class PlacementLoop:
         self._wake = asyncio.Event()
         #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
         self._reconfigured = asyncio.Event()
+        #: The shortest interval of the options before `reconfigure()`: the
+        #: renewal pace while a held record still carries another TTL.
+        self._earlier_pace = math.inf
         self._tasks: set[asyncio.Task[None]] = set()
         #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
         self.calls = Calls(interval=options.interval_s, ttl=options.lease_ttl,
@@ -256,6 +259,9 @@ class PlacementLoop:
           are who this node is in every record; that needs a new loop.
         - `interval`: each schedule (heartbeats, renewals, rounds) is woken and
           takes the new pace from its next sleep; a round starts at once.
+          Renewals keep the old pace if it is faster while any held record
+          still carries the old TTL (`_renew_pace`): the deadlines those
+          records gave were made for it.
         - `lease_ttl` and `margin`: see below; store calls get the new budgets
           from their next start (`Calls.configure`).
         - `max_concurrency`, `open_timeout`, `close_timeout`: the runner's,
@@ -301,6 +307,7 @@ class PlacementLoop:
                     f"{field_name} cannot change in place ({getattr(old, field_name)!r} -> "
                     f"{getattr(options, field_name)!r}): start a new loop")
         self.options = options
+        self._earlier_pace = min(self._earlier_pace, old.interval_s)
         self.calls.configure(interval=options.interval_s, ttl=options.lease_ttl)
         self.runner.reconfigure(max_concurrency=options.max_concurrency,
                                 open_timeout=options.open_timeout,
@@ -464,12 +471,25 @@ class PlacementLoop:
             ok = await self._renew_all()
 
             def due(ok: bool = ok, started: float = started) -> float:
-                delay = self.options.interval_s if ok else self.options.interval_s / 2
+                pace = self._renew_pace()
+                delay = pace if ok else pace / 2
                 if self._stopping:
-                    delay = min(delay, self.options.interval_s / 4)
+                    delay = min(delay, pace / 4)
                 return started + delay
 
             await self._pause(due)
+
+    def _renew_pace(self) -> float:
+        """The interval between renewals: the options', unless a held lease's
+        record still carries a TTL from before `reconfigure()`. Its deadline
+        came from that TTL and the margin of then, made to be met at the pace
+        of then; so until a renewal wrote the new TTL, renew at the faster of
+        the two (say 15 s -> 45 s with the interval 5 s -> 15 s: the record
+        written at t with TTL 15 fences at t + 12.5, before t + 15)."""
+        pace = self.options.interval_s
+        if any(h.lease.ttl != self.ttl for h in self.held.values() if h.phase is not Phase.CLOSED):
+            pace = min(pace, self._earlier_pace)
+        return pace
 
     async def _renew_all(self) -> bool:
         """Renew (or, once closed, free) every held lease. False if any failed
