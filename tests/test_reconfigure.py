@@ -103,7 +103,7 @@ async def test_ttl_interval_margin_and_timeouts_change_without_closing_anything(
     for n in (a, b):
         reconfigure(n, lease_ttl=6.0, interval=1.5, margin=1.0, max_concurrency=16,
                     open_timeout=60.0, close_timeout=60.0)
-    await asyncio.sleep(20)
+    await asyncio.sleep(40)  # the TTL comes down over a deadline's time (27 s)
     for n in (a, b):
         assert n.opened() == held[n.name]
         assert closes(n, t1) == [] and opens(n, t1) == []
@@ -120,11 +120,11 @@ async def test_ttl_interval_margin_and_timeouts_change_without_closing_anything(
 
 
 @virtual
-async def test_a_lowered_ttl_pulls_the_deadline_in_before_the_renewal_is_sent() -> None:
-    """The first renewal with a shorter TTL may land without this node ever
-    hearing of it; a peer then takes the shard one short TTL after seeing it.
-    The holder must have closed it by then, not at the deadline the old,
-    longer TTL gave."""
+async def test_a_lowered_ttl_comes_down_by_renewals_that_cover_the_deadline() -> None:
+    """A renewal may land without this node ever hearing of it; a peer then
+    takes the shard one record's TTL after seeing it. So each renewal writes
+    a TTL that still covers the deadline the holder (and its application)
+    has: the peer cannot open before the holder closed."""
     backend = MemoryBackend()
     a, b = pair(backend, 1, lease_ttl=30.0, interval=10.0, margin=5.0)
     a.start()
@@ -139,21 +139,40 @@ async def test_a_lowered_ttl_pulls_the_deadline_in_before_the_renewal_is_sent() 
     for n in (a, b):
         reconfigure(n, lease_ttl=12.0, interval=4.0, margin=2.0)
     await idle()
-    # The renewal due at 24 went out at once: deadline 24.5 + 12 - 2.
+    # The renewal due at 24 went out at once, with what covers 45: 45 - 24.5 + 2.
     rec = lease(backend, 0)
-    assert rec is not None and rec.ttl == 12.0 and rec.owner == "a"
-    assert a.loop.runner.deadline(0) == 34.5
+    assert rec is not None and rec.ttl == 22.5 and rec.owner == "a"
+    assert a.loop.runner.deadline(0) == 45.0
     await asyncio.sleep(30)
     (t_fence, fence), = a.of(SelfFence)
-    assert t_fence == 34.5 and fence.shards == (0,)
+    assert t_fence == 45.0 and fence.shards == (0,)
     (t_closed,) = a.host.times("closed", 0)
     (t_open,) = b.host.times("open", 0)
-    assert t_closed <= 34.5 < 24.5 + 12 <= t_open
+    assert t_closed <= 45.0 < 45.0 + 2.0 <= t_open
     assert b.opened() == {0} and b.host.open_now[0] == 2
     a.store.lose_reply.clear()
     a.store.broken.clear()
     await a.stop()
     await b.stop()
+
+
+@virtual
+async def test_a_lowered_ttl_reaches_the_new_value_within_the_old_one() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1, lease_ttl=45.0).start()  # interval 15, margin 7.5
+    written: list[float] = []
+    a.store.before["update_lease"] = lambda lease, version: written.append(lease.ttl)
+    await asyncio.sleep(16)  # claimed at 15: deadline 52.5
+    reconfigure(a, lease_ttl=6.0)  # interval 2, margin 1
+    await asyncio.sleep(60)
+    # The first renewal, at 17 (the faster pace of the two: the record says
+    # 45), covers 52.5; each next one the deadline the previous one gave;
+    # then the new TTL.
+    assert written[:3] == [52.5 - 17 + 1, 52.5 - 19 + 1, 52.5 - 21 + 1]
+    assert written[-1] == 6.0 and written.index(6.0) == len(written) - written.count(6.0)
+    assert all(x >= y for x, y in itertools.pairwise(written))
+    assert a.of(SelfFence) == [] and closes(a) == [] and a.opened() == {0}
+    await a.stop()
 
 
 @virtual

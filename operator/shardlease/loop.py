@@ -285,12 +285,15 @@ class PlacementLoop:
           record and waits max(old, new): the longer one. Safe.
         - lowering the TTL: peers still on the old options wait longer than
           needed: safe. This node's deadlines were computed from records that
-          carry the old TTL, which every observer still honours while those
-          records stand. The first renewal that writes the shorter TTL may
-          land as soon as it is sent, and observers would then count the
-          shorter TTL from (at the earliest) its sending: so before sending it,
-          the deadline is pulled in to sent + new TTL - margin (`Runner.curb`),
-          whether or not the write lands.
+          carry the old TTL, which every observer honours while they stand. A
+          renewal may land (unbeknown to this node: a lost answer) as soon as
+          it is sent, and observers then count its TTL from (at the earliest)
+          the sending; the shard's deadline, and the validity its host was
+          told (never past the deadline), must stay covered by that. So the
+          TTL comes down gradually (`_written_ttl`): a renewal sent at `sent`
+          writes at least `deadline - sent + margin`, never less than the
+          deadline it keeps needs; each renewal goes down by about an interval
+          until the new TTL is reached. No deadline ever moves backwards.
         - margin: a shard keeps the margin its deadline was computed with
           (the runner judges a fenced close against deadline + that margin);
           the new one applies from each shard's next renewal.
@@ -520,20 +523,15 @@ class PlacementLoop:
         async with held.lock:
             if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
                 return
-            lease = held.lease.model_copy(update={"write_id": new_write_id(),
-                                                  "renewed_at": self.clock.wall(),
-                                                  "ttl": self.ttl})
             # Any attempt may be the one that lands (a lost answer): the
             # deadline counts from the first, the earliest an observer can
             # have seen this renewal.
             sent = self.clock.monotonic()
-            if lease.ttl < held.lease.ttl:
-                # A shorter TTL than the record's (reconfigure()): should this
-                # write land, observers may count it from now, so the deadline
-                # the longer TTL gave is no longer safe -- landed or not.
-                self.runner.curb(shard, self._deadline(sent, lease.ttl))
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
+            lease = held.lease.model_copy(update={
+                "write_id": new_write_id(), "renewed_at": self.clock.wall(),
+                "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
             try:
                 version = await self.calls.bounded(
                     f"renewal of shard {shard}", lambda: self._write_held(held, lease),
@@ -565,6 +563,17 @@ class PlacementLoop:
                         lease.shard)
             held.version = current.version
         return await self.store.write_lease(lease, held.version)
+
+    def _written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
+        """The TTL a renewal sent at `sent` writes over a record carrying
+        `current`, for a shard whose deadline is `deadline`: the options' TTL,
+        unless that is shorter than the record's (`reconfigure()` lowered it)
+        and would no longer cover the deadline once the write landed -- then
+        what still covers it (observers may count the new record's TTL from
+        `sent`; the deadline must stay a margin before that)."""
+        if self.ttl >= current or deadline is None:
+            return self.ttl
+        return min(current, max(self.ttl, deadline - sent + self.options.margin_s))
 
     def _deadline(self, sent: float, ttl: float) -> float:
         """The deadline a write sent at `sent` gives: `ttl` is the one it wrote

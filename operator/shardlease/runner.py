@@ -188,15 +188,6 @@ class Runner:
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
             self._move(st, deadline)
 
-    def curb(self, shard: int, deadline: float) -> None:
-        """A write is on its way that, if it lands, makes the lease expire
-        sooner than the current deadline allows for (it carries a shorter
-        TTL): the deadline is at most `deadline` from now on, whether or not
-        the write lands. Fences at once if that is already past."""
-        st = self._shards.get(shard)
-        if st is not None and st.reason is not Reason.FENCED and deadline < st.deadline:
-            self._move(st, deadline)
-
     def _move(self, st: _Shard, deadline: float) -> None:
         st.deadline, st.margin = deadline, self.margin
         st.warned = False

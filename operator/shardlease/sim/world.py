@@ -175,18 +175,8 @@ class SimNode:
             if after is not None and after != before:
                 self._record("deadline", shard, -1, after, "renew")
 
-        curb = runner.curb
-
-        def curb_recorded(shard: int, deadline: float) -> None:
-            before = runner.deadline(shard)
-            curb(shard, deadline)
-            after = runner.deadline(shard)
-            if after is not None and after != before:
-                self._record("deadline", shard, -1, after, "curb")
-
         setattr(runner, "start", start_recorded)  # noqa: B010 - instance override
         setattr(runner, "extend", extend_recorded)  # noqa: B010
-        setattr(runner, "curb", curb_recorded)  # noqa: B010
 
     def _on_event(self, ev: Event) -> None:
         if self.status in ("crashed", "died"):
