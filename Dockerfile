@@ -19,17 +19,25 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/image.txt requirements/image.txt
 COPY operator/ operator/
+# The example app (a distribution of its own, shardlease-examples): the
+# end-to-end scenarios (tests/pods, e2e/kind.sh) run it from this image as
+# `python -m shardlease_examples.shardapp` beside the injected agent, so the
+# image carries it, installed next to shardlease but not inside it.
+COPY examples/pyproject.toml examples/README.md examples/
+COPY examples/shardlease_examples/ examples/shardlease_examples/
 # The dependencies exactly as pinned, each checked against its hash
 # (requirements/image.txt, made by pip-compile --generate-hashes from
 # pyproject.toml), then the package itself without resolving anything; pip
 # and setuptools leave the runtime venv once `pip check` agrees.
 RUN python -m venv /opt/shardlease \
  && /opt/shardlease/bin/pip install --require-hashes --no-deps -r requirements/image.txt \
- && pip wheel --no-deps --wheel-dir /wheels . \
+ && pip wheel --no-deps --wheel-dir /wheels . ./examples \
  && /opt/shardlease/bin/pip install --no-deps /wheels/shardlease-*.whl \
+      /wheels/shardlease_examples-*.whl \
  && /opt/shardlease/bin/pip check \
  && /opt/shardlease/bin/pip uninstall --yes pip setuptools \
- && /opt/shardlease/bin/shardlease --help > /dev/null
+ && /opt/shardlease/bin/shardlease --help > /dev/null \
+ && /opt/shardlease/bin/python -m shardlease_examples.shardapp --help > /dev/null
 
 FROM ${PYTHON_IMAGE}
 # Set by whoever builds: e2e/cluster passes the git revision.

@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -570,8 +571,8 @@ class ControlPlane:
             time.sleep(0.2)
         raise RuntimeError(f"etcd not healthy after 30s:\n{self._log_tail('etcd.log')}")
 
-    def _start_apiserver(self, apiserver: Path) -> None:
-        self.apiserver_port = free_port()
+    def _start_apiserver(self, apiserver: Path, port: int = 0) -> None:
+        self.apiserver_port = port or free_port()
         pki = self.pki
         certdir = self.dir / "apiserver-certs"
         certdir.mkdir(exist_ok=True)
@@ -613,6 +614,18 @@ class ControlPlane:
             time.sleep(0.25)
         raise RuntimeError(f"kube-apiserver not ready after {self.start_timeout:.0f}s ({last}):\n"
                            f"{self._log_tail('kube-apiserver.log')}")
+
+    def restart_apiserver(self, while_stopped: Callable[[], object] | None = None) -> None:
+        """Stop the API server and start it again on the same port, with the
+        same etcd (clients keep their kubeconfig; their connections break and
+        the new server's watch cache starts from etcd's current revision);
+        `while_stopped` runs in between."""
+        if self.apiserver_pid:
+            _terminate(self.apiserver_pid, "kube-apiserver")
+        if while_stopped is not None:
+            while_stopped()
+        self._start_apiserver(binary_path("kube-apiserver"), self.apiserver_port)
+        self._write_state()
 
     def _node_args(self) -> list[str]:
         pki = self.pki

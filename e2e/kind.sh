@@ -12,7 +12,7 @@
 #      creates the bucket `shardapp`;
 #   4. helm install shardlease charts/shardlease (namespace shardlease);
 #   5. the example StatefulSet e2e/manifests/shardapp.yaml: 3 pods of the
-#      example app (python -m shardlease.examples.shardapp), annotated
+#      example app (python -m shardlease_examples.shardapp), annotated
 #      shardlease.io/shards: "16"; the operator injects the agent sidecar;
 #   6. wait until `kubectl get shardset shardapp` shows 16 owned and Balanced,
 #      print the owners, and write keys through the owners;
@@ -197,7 +197,7 @@ client() {
   for ((i = 0; i < replicas; i++)); do
     apps+="${apps:+,}http://shardapp-$i.shardapp.$NS.svc.cluster.local:8080"
   done
-  kn exec shardapp-0 -c app -- python -m shardlease.examples.shardclient "$command" \
+  kn exec shardapp-0 -c app -- python -m shardlease_examples.shardclient "$command" \
     --apps "$apps" --shards "$SHARDS" --count "$KEYS" --prefix e2e --run "$RUN_ID"
 }
 

@@ -25,6 +25,22 @@ def test_margin_not_below_the_ttl_is_refused() -> None:
     assert "margin (10s) must be less than lease_ttl (10s)" in str(e.value)
 
 
+def test_no_margin_is_refused() -> None:
+    with pytest.raises(ConfigError) as e:
+        Options.make(shards=4, name="n", lease_ttl=10, margin=0)
+    assert "margin must be above 0s" in str(e.value)
+
+
+@pytest.mark.parametrize(("open_timeout", "close_timeout"), [(0.001, 0.001), (3600, 3600)])
+def test_any_open_and_close_timeouts_fit_the_margin(open_timeout: float,
+                                                    close_timeout: float) -> None:
+    # A fence interrupts an open, and a fenced close is cut at the margin:
+    # neither timeout can make a shard outlive its lease, so none is refused.
+    o = Options.make(shards=4, name="n", lease_ttl=10, open_timeout=open_timeout,
+                     close_timeout=close_timeout)
+    assert (o.open_timeout, o.close_timeout) == (open_timeout, close_timeout)
+
+
 def test_interval_not_below_ttl_minus_margin_is_refused() -> None:
     with pytest.raises(ConfigError) as e:
         Options.make(shards=4, name="n", lease_ttl=15, interval=12.5)

@@ -17,6 +17,10 @@
    late; 30% of one node's calls failing like a 503), rounds until a shard
    one host refuses is open elsewhere and the store requests per interval
    meanwhile, and the opens and closes of nodes started together.
+3c. A slow store on real processes: 3 `shardlease node` processes on S3
+   (moto), one of them through `faultproxy` (added latency, 503 SlowDown),
+   in phases of 4 TTLs; per phase, that node's self-fences, shards held,
+   renew_slow and requests, and the longest any shard was open nowhere.
 4. Loop CPU per round: process CPU time (time.process_time, every thread)
    over those same steady rounds, per node and round. The loops run in this
    process; moto runs in a child process so that its CPU is not counted.
@@ -52,6 +56,8 @@ from shardlease.telemetry import Claim, Event, Lost, Release, RenewFailed, Round
 
 NODES = 4
 SIZES = (64, 256, 1024)
+#: Measured in node mode only (see bench_requests).
+BIG_SIZES = (4096,)
 
 
 def say(line: str = "") -> None:
@@ -175,6 +181,31 @@ def bench_rounds(quick: bool) -> None:
     say()
 
 
+def bench_scale(quick: bool) -> None:
+    from shardlease.sim import Crash, Join, Leave, run_scenario
+
+    # Shard mode makes every node write every lease it holds each round: at
+    # 10,000 shards the simulation itself takes most of an hour, so it is
+    # shown a size smaller.
+    runs = ((("shard", 20, 1000), ("node", 20, 1000)) if quick else
+            (("shard", 100, 1000), ("node", 100, 10_000)))
+    say("== rounds to balance at scale (simulation: real loops on virtual time, memory store, "
+        "lease TTL 15s; the nodes start together, then one joins, one leaves, one crashes) ==")
+    for renewal, nodes, shards in runs:
+        result = run_scenario(nodes=nodes, shards=shards, seed=1, renewal=renewal, faults=[
+            Join(at=60, node=f"n{nodes}"), Leave(at=120, node="n0"), Crash(at=180, node="n1")],
+            recovery_bound=120.0)
+        figures = {f.kind: f for f in result.balance}
+        parts = []
+        for kind in ("start", "join", "leave", "crash"):
+            f = figures.get(kind)
+            parts.append(f"{kind} {'never' if f is None or f.rounds is None else f.rounds}")
+        say(f"rounds to balance, {renewal} renewal, {nodes} nodes x {shards} shards: "
+            f"{', '.join(parts)}; invariant violations: {len(result.violations)}; "
+            f"simulated {result.end:.0f}s in {result.real_seconds:.0f}s of wall time")
+    say()
+
+
 def bench_faults(quick: bool) -> None:
     from shardlease.loop import preference
     from shardlease.sim import LEASE_WRITES, STORE_CALLS, HostFault, StoreFault, run_scenario
@@ -237,6 +268,222 @@ def bench_faults(quick: bool) -> None:
         closes += sum(1 for ev in r.trace if ev.kind == "close_call" and ev.t < end)
     say(f"simultaneous start, 4 nodes, 64 shards: {opens / len(seeds):g} opens, "
         f"{closes / len(seeds):g} closes per start")
+    say()
+
+
+# -- 3c. a slow store, on real processes ----------------------------------------------------
+
+
+#: The phases of the slow-store run, each 4 TTLs long, on one node's requests
+#: (through `faultproxy`): added latency as a share of the TTL, or 503 answers.
+SLOW_PHASES: tuple[tuple[str, float, float], ...] = (
+    ("no fault", 0.0, 0.0),
+    ("+0.15 x TTL latency", 0.15, 0.0),
+    ("+0.3 x TTL latency", 0.3, 0.0),
+    ("30% 503 SlowDown", 0.0, 0.3),
+    ("+0.5 x TTL latency", 0.5, 0.0),
+)
+#: Phases in which the slowed node must keep its shards (the others are figures).
+SLOW_KEEPS = ("no fault", "+0.15 x TTL latency", "+0.3 x TTL latency", "30% 503 SlowDown")
+
+
+@dataclass
+class PhaseFigures:
+    """What one node went through during one phase of a slow-store run, from
+    its recording host (opens, closes, self-fences, losses), its structured
+    log (renew_slow, renew_failed) and the proxy in front of it (requests)."""
+
+    label: str
+    seconds: float
+    self_fences: int  # self_fence events (each may fence several shards)
+    fenced: int  # shards fenced
+    lost: int
+    held_start: int  # shards open on its host at the start of the phase
+    held_min: int
+    held_max: int
+    held_end: int
+    renew_slow: int
+    renew_failed: int
+    requests: dict[str, int]  # at the proxy, by kind (and slowdown, abandoned)
+    errors: list[str]  # a few distinct renew_failed errors
+    #: Cluster-wide, within the phase: the longest any shard was open on no
+    #: node, and the shard-seconds of shards open on no node.
+    closed_max: float = 0.0
+    closed_area: float = 0.0
+
+    def row(self) -> str:
+        asked = sum(v for k, v in self.requests.items() if k not in ("slowdown", "abandoned"))
+        extra = "".join(f", {self.requests[k]} {k}" for k in ("slowdown", "abandoned")
+                        if self.requests.get(k))
+        return (f"{self.label:<22} self-fences {self.self_fences:>2} ({self.fenced} shards), "
+                f"lost {self.lost}, shards held {self.held_start} -> min {self.held_min} / "
+                f"max {self.held_max} -> {self.held_end}, renew_slow {self.renew_slow}, "
+                f"renew_failed {self.renew_failed}, requests {asked} "
+                f"({asked / self.seconds:.1f}/s{extra}); shards open nowhere "
+                f"{self.closed_area:.1f} shard-s, longest {self.closed_max:.1f}s")
+
+
+def phase_figures(label: str, node: str, start: float, end: float,
+                  recorded: list[dict[str, Any]], logged: list[dict[str, Any]],
+                  requests: Counter[str]) -> PhaseFigures:
+    """`node`'s figures between wall times `start` and `end`. `recorded`: the
+    recording hosts' lines (any nodes); `logged`: `node`'s JSON log lines."""
+    mine = sorted((e for e in recorded if e.get("node") == node),
+                  key=lambda e: float(e["wall"]))
+    open_now: set[int] = set()
+    held_start: int | None = None
+    low = high = 0
+    fences = fenced = lost = 0
+    for ev in mine:
+        wall = float(ev["wall"])
+        if wall > end:
+            break
+        if wall >= start and held_start is None:
+            held_start = low = high = len(open_now)
+        kind = ev.get("event")
+        if kind == "open_end":
+            open_now.add(int(ev["shard"]))
+        elif kind == "close_start":
+            open_now.discard(int(ev["shard"]))
+        if wall >= start:
+            low, high = min(low, len(open_now)), max(high, len(open_now))
+            fences += kind == "self_fence"
+            fenced += len(ev.get("shards", ())) if kind == "self_fence" else 0
+            lost += kind == "lost"
+    if held_start is None:
+        held_start = low = high = len(open_now)
+    in_phase = [e for e in logged if start <= float(e.get("ts", 0.0)) <= end]
+    failed = [e for e in in_phase if e.get("event") == "renew_failed"]
+    errors = list(dict.fromkeys(str(e.get("error", "")) for e in failed))[:3]
+    return PhaseFigures(label, end - start, fences, fenced, lost, held_start, low, high,
+                        len(open_now), sum(e.get("event") == "renew_slow" for e in in_phase),
+                        len(failed), dict(sorted(requests.items())), errors,
+                        *closed_stretches(recorded, start, end))
+
+
+def open_on(recorded: list[dict[str, Any]], node: str) -> set[int]:
+    """The shards open on `node`'s host at the end of the recording."""
+    now: set[int] = set()
+    for ev in sorted((e for e in recorded if e.get("node") == node),
+                     key=lambda e: float(e["wall"])):
+        if ev.get("event") == "open_end":
+            now.add(int(ev["shard"]))
+        elif ev.get("event") == "close_start":
+            now.discard(int(ev["shard"]))
+    return now
+
+
+def closed_stretches(recorded: list[dict[str, Any]], start: float,
+                     end: float) -> tuple[float, float]:
+    """The longest stretch of [start, end] during which some shard was open
+    on no node (from open_end to close_start, as the hosts saw it), and the
+    sum of all such stretches over the shards (shard-seconds)."""
+    by_shard: dict[int, list[tuple[float, int]]] = {}
+    for ev in recorded:
+        kind = ev.get("event")
+        if kind in ("open_end", "close_start"):
+            by_shard.setdefault(int(ev["shard"]), []).append(
+                (float(ev["wall"]), 1 if kind == "open_end" else -1))
+    longest = total = 0.0
+    for changes in by_shard.values():
+        changes.sort()
+        count, closed_since = 0, start
+        for wall, step in changes:
+            if wall > end:
+                break
+            was = count
+            count += step
+            if was == 0 and count > 0 and wall > start:
+                longest = max(longest, wall - closed_since)
+                total += wall - closed_since
+            elif count == 0:
+                closed_since = max(wall, start)
+        if count == 0:
+            longest = max(longest, end - closed_since)
+            total += end - closed_since
+    return longest, total
+
+
+async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes: int,
+                    phase: float) -> list[PhaseFigures]:
+    """Node processes on S3 at `endpoint`, one of them through a `FaultProxy`,
+    through `SLOW_PHASES` of `phase` seconds each, then until balanced again."""
+    from shardlease.checker import check_events, load_events
+    from shardlease.demo import Demo
+    from shardlease.faultproxy import NO_FAULTS, FaultProxy, Faults
+    from shardlease.stores import open_store
+
+    bucket = f"bench-slow-{os.urandom(3).hex()}"
+    await _create_bucket(endpoint, bucket)
+    proxy = FaultProxy(endpoint, seed=0)
+    await proxy.start()
+    names = [f"node-{i}" for i in range(nodes)]
+    slowed = names[1]
+    direct = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
+    for sub in ("events", "logs"):
+        (workdir / sub).mkdir(parents=True)
+    demo = Demo(nodes=nodes, shards=shards, store_url=direct, cluster="bench", workdir=workdir,
+                ttl=ttl, view="none", store_for={
+                    slowed: f"s3://{bucket}/bench?endpoint={proxy.endpoint}&path_style=true"})
+    store = open_store(direct)
+    try:
+        for name in names:
+            demo.start(name)
+        await demo.wait_balanced(store, "after the start")
+        marks: list[tuple[str, float, float, Counter[str]]] = []
+        for label, latency, errors in SLOW_PHASES:
+            proxy.set(Faults(latency=latency * ttl, error_rate=errors))
+            before, start = proxy.counts(), time.time()
+            await asyncio.sleep(phase)
+            marks.append((label, start, time.time(), proxy.counts() - before))
+        proxy.set(NO_FAULTS)
+        before, start = proxy.counts(), time.time()
+        # Balanced in the store, and the slowed node's share open on its host
+        # again (the store alone may still name it for leases it fenced).
+        while len(open_on(load_events(demo.records), slowed)) < shards // nodes:
+            if time.time() > start + demo.timeout:
+                raise RuntimeError(f"{slowed} did not get its share back after the faults")
+            await asyncio.sleep(0.2)
+        await demo.wait_balanced(store, "after the faults")
+        marks.append(("until balanced again", start, time.time(), proxy.counts() - before))
+    finally:
+        # In a thread: the proxy in this loop serves the slowed node's stop.
+        await asyncio.to_thread(demo.stop_all, 3 * ttl)
+        await proxy.aclose()
+        with contextlib.suppress(Exception):
+            await store.aclose()
+    recorded = load_events(demo.records)
+    logged = load_events([workdir / "logs" / f"{slowed}.log"])
+    figures = [phase_figures(label, slowed, start, end, recorded, logged, requests)
+               for label, start, end, requests in marks]
+    report = check_events(recorded, conservative=True)
+    if not report.ok:
+        raise RuntimeError(f"two open owners of a shard: {report.violations[0]}")
+    return figures
+
+
+def bench_slow_store(quick: bool) -> None:
+    ttl, shards, nodes = 3.0, 12, 3
+    phase = (2 if quick else 4) * ttl
+    with moto_endpoint() as endpoint:
+        say(f"== slow store on real processes ({nodes} node processes on S3 (moto), "
+            f"{shards} shards, lease TTL {ttl:g}s; node-1 alone through a fault-injecting "
+            f"proxy: every request it makes, renewals included; phases of {phase:g}s) ==")
+        if endpoint is None:
+            say("slow store: not measured (moto is not installed: pip install 'moto[server]')")
+            say()
+            return
+        workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+        try:
+            figures = asyncio.run(_slow_run(endpoint, workdir, ttl, shards, nodes, phase))
+        except (RuntimeError, ShardleaseError, TimeoutError) as e:
+            say(f"slow store: failed: {type(e).__name__}: {e} (files kept in {workdir})")
+            say()
+            return
+        shutil.rmtree(workdir, ignore_errors=True)
+    for f in figures:
+        say(f"slow node, {f.row()}")
+    say("  (no two open owners of any shard over the run: the overlap checker passed)")
     say()
 
 
@@ -331,15 +578,16 @@ def _combine(parts: list[Steady]) -> Steady:
                   sum(p.churn for p in parts))
 
 
-def _options(name: str, shards: int, ttl: float) -> Options:
-    return Options.make(shards=shards, lease_ttl=ttl, name=name, cluster_name="bench")
+def _options(name: str, shards: int, ttl: float, renewal: str = "shard") -> Options:
+    return Options.make(shards=shards, lease_ttl=ttl, name=name, cluster_name="bench",
+                        renewal=renewal)
 
 
 async def steady_in_process(make_store: Callable[[], LeaseStore], shards: int, ttl: float,
-                            rounds: int) -> Steady:
+                            rounds: int, renewal: str = "shard") -> Steady:
     """NODES loops in this process (the memory store cannot be shared across
     processes). CPU is the whole process's over the window, per node-round."""
-    loops = [PlacementLoop(make_store(), NullHost(), _options(f"b{i}", shards, ttl))
+    loops = [PlacementLoop(make_store(), NullHost(), _options(f"b{i}", shards, ttl, renewal))
              for i in range(NODES)]
     meters = [_Meter(p, rounds) for p in loops]
     tasks = [asyncio.create_task(p.run()) for p in loops]
@@ -388,6 +636,7 @@ def node_worker(argv: list[str]) -> None:
                         format="%(created).3f %(name)s %(message)s")
     store_url, name = argv[0], argv[1]
     shards, ttl, rounds = int(argv[2]), float(argv[3]), int(argv[4])
+    renewal = argv[5] if len(argv) > 5 else "shard"
 
     def tell(out: dict[str, Any]) -> None:
         print(json.dumps(out), flush=True)
@@ -399,7 +648,7 @@ def node_worker(argv: list[str]) -> None:
                                             write_id=new_write_id(), at=time.time()))
         tell({"ready": True})
         await asyncio.to_thread(sys.stdin.readline)
-        placement = PlacementLoop(store, NullHost(), _options(name, shards, ttl))
+        placement = PlacementLoop(store, NullHost(), _options(name, shards, ttl, renewal))
         meter = _Meter(placement, rounds)
         if log_dir:
             from shardlease.telemetry import log_events
@@ -432,7 +681,8 @@ def node_worker(argv: list[str]) -> None:
 _WORKER = "import sys; from shardlease.bench import node_worker; node_worker(sys.argv[1:])"
 
 
-def steady_processes(store_url: str, shards: int, ttl: float, rounds: int) -> Steady:
+def steady_processes(store_url: str, shards: int, ttl: float, rounds: int,
+                     renewal: str = "shard", env: dict[str, str] | None = None) -> Steady:
     """NODES node processes on one store; each measures its own requests and
     CPU (time.process_time of that process) over `rounds` of its rounds."""
     import json
@@ -440,8 +690,9 @@ def steady_processes(store_url: str, shards: int, ttl: float, rounds: int) -> St
     import threading
 
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, store_url, f"b{i}", str(shards),
-                               str(ttl), str(rounds)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                               str(ttl), str(rounds), renewal], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env=None if env is None else {**os.environ, **env})
              for i in range(NODES)]
     lines: queue.Queue[str] = queue.Queue()
 
@@ -556,61 +807,97 @@ def file_latency(directory: str) -> float:
     return asyncio.run(measure())
 
 
-def bench_requests(quick: bool) -> None:
+#: Published S3 request prices, dollars per 1,000 requests (GET and HEAD are
+#: cheaper; DELETE is free).
+S3_PRICE = {"put": 0.005, "list": 0.005, "get": 0.0004, "head": 0.0004, "delete": 0.0}
+#: Rounds per month at the default interval (lease TTL 15 s / 3).
+ROUNDS_PER_MONTH = 30 * 24 * 3600 / 5.0
+
+
+def s3_monthly_cost(steady: Steady, nodes: int = NODES) -> float:
+    """Dollars a month of S3 requests for `nodes` nodes at the default interval."""
+    per_round = sum(S3_PRICE.get(kind, 0.005) * n / 1000 for kind, n in steady.requests.items())
+    return per_round * nodes * ROUNDS_PER_MONTH
+
+
+def bench_requests(quick: bool, kubeconfig: str | None = None) -> None:
     from shardlease.stores.memory import MemoryBackend, MemoryStore
 
     sizes = SIZES[:1] if quick else SIZES
+    big = () if quick else BIG_SIZES
     rounds = 2
     say(f"== store requests per node per round and loop CPU per round (steady state: "
-        f"{NODES} nodes, every shard owned, nothing moving; {rounds} rounds of each node) ==")
-    say("  memory: 4 loops in one process; file and s3: 4 node processes, each measuring "
-        "its own requests and CPU")
-    say("  requests: one per store call (memory, file), one per HTTP request (s3)")
+        f"{NODES} nodes, every shard owned, nothing moving; {rounds} rounds of each node), "
+        "for both renewal modes (docs/renewal.md) ==")
+    say("  memory: 4 loops in one process; file, s3 and kubernetes: 4 node processes, each "
+        "measuring its own requests and CPU")
+    say("  requests: one per store call (memory, file), one per HTTP request (s3, kubernetes)")
 
-    def measure(kind: str, run: Callable[[int], Steady]) -> None:
-        for shards in sizes:
-            started = time.monotonic()
-            try:
-                row: Steady | str = run(shards)
-            except (RuntimeError, ShardleaseError, TimeoutError) as e:
-                row = f"failed: {type(e).__name__}: {e}"
-            _print_row(kind, shards, row, time.monotonic() - started)
+    def measure(kind: str, run: Callable[[int, str], Steady], cost: bool = False,
+                extra: tuple[int, ...] = ()) -> None:
+        for renewal in ("shard", "node"):
+            # Shard mode at 4096 shards is thousands of writes per round: the
+            # big sizes are measured in node mode only.
+            for shards in (*sizes, *(extra if renewal == "node" else ())):
+                started = time.monotonic()
+                try:
+                    row: Steady | str = run(shards, renewal)
+                except (RuntimeError, ShardleaseError, TimeoutError) as e:
+                    row = f"failed: {type(e).__name__}: {e}"
+                _print_row(f"{kind}, {renewal} renewal", shards, row,
+                           time.monotonic() - started, cost)
 
-    def memory(shards: int) -> Steady:
+    def memory(shards: int, renewal: str) -> Steady:
         backend = MemoryBackend()
         return asyncio.run(steady_in_process(lambda: MemoryStore(backend, name="bench"),
-                                             shards, 1.5, rounds))
+                                             shards, max(1.5, shards / 400), rounds, renewal))
 
-    measure("memory", memory)
+    measure("memory", memory, extra=big)
 
     # tmpfs when there is one: the figures are requests and CPU, and a disk's
     # fsync latency would only stretch the rounds (reported separately below).
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
-    def file(shards: int) -> Steady:
+    def file(shards: int, renewal: str) -> Steady:
         directory = tempfile.mkdtemp(prefix="shardlease-bench-", dir=shm)
         try:
             return steady_processes(f"file://{directory}", shards, max(1.5, shards / 200),
-                                    rounds)
+                                    rounds, renewal)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    measure("file" + (" (tmpfs)" if shm else ""), file)
+    measure("file" + (" (tmpfs)" if shm else ""), file, extra=big)
 
     with moto_endpoint() as endpoint:
         if endpoint is None:
             say("s3: not measured (moto is not installed: pip install 'moto[server]')")
         else:
-            def s3(shards: int) -> Steady:
+            def s3(shards: int, renewal: str) -> Steady:
                 bucket = f"bench-{shards}-{os.urandom(3).hex()}"
                 asyncio.run(_create_bucket(endpoint, bucket))
                 url = f"s3://{bucket}/bench?endpoint={endpoint}&path_style=true"
                 # moto serves each request in turn: a round of 1024 shards took ~13 s
                 # here (4 nodes, 2 CPUs), so the interval (TTL/3) must exceed it.
-                ttl = min(45.0, max(3.0, shards / 17))
-                return steady_processes(url, shards, ttl, rounds)
+                ttl = min(45.0, max(3.0, shards / (17 if renewal == "shard" else 120)))
+                return steady_processes(url, shards, ttl, rounds, renewal)
 
-            measure("s3 (moto)", s3)
+            measure("s3 (moto)", s3, cost=True, extra=big)
+
+    if kubeconfig is None:
+        say("kubernetes: not measured (give --kubeconfig of a cluster to write Leases to)")
+    else:
+        def kubernetes(shards: int, renewal: str) -> Steady:
+            namespace = asyncio.run(_k8s_namespace(kubeconfig))
+            try:
+                ttl = min(45.0, max(3.0, shards / (40 if renewal == "shard" else 200)))
+                return steady_processes(f"kubernetes://{namespace}", shards, ttl, rounds,
+                                        renewal, env={"KUBECONFIG": kubeconfig})
+            finally:
+                asyncio.run(_k8s_namespace(kubeconfig, delete=namespace))
+
+        measure("kubernetes", kubernetes, extra=big[:0] if quick else (4096,))
+        say("  (kubernetes writes per second per node = put per round / interval; the "
+            "interval is lease TTL / 3)")
 
     directory = tempfile.mkdtemp(prefix="shardlease-bench-")
     try:
@@ -623,7 +910,27 @@ def bench_requests(quick: bool) -> None:
     say()
 
 
-def _print_row(kind: str, shards: int, steady: Steady | str, took: float) -> None:
+async def _k8s_namespace(kubeconfig: str, delete: str | None = None) -> str:
+    """Make a namespace for one measurement (or delete it)."""
+    from shardlease.stores.kubernetes import api_client, call
+
+    api = await api_client(kubeconfig)
+    try:
+        if delete is not None:
+            await call(api, "DELETE", f"/api/v1/namespaces/{delete}")
+            return delete
+        name = f"bench-{os.urandom(3).hex()}"
+        status, payload = await call(api, "POST", "/api/v1/namespaces",
+                                     {"metadata": {"name": name}})
+        if status not in (200, 201):
+            raise RuntimeError(f"cannot create namespace {name}: {status} {payload}")
+        return name
+    finally:
+        await api.close()
+
+
+def _print_row(kind: str, shards: int, steady: Steady | str, took: float,
+               cost: bool = False) -> None:
     if isinstance(steady, str):
         say(f"store requests per node per round, {kind}, {shards} shards: {steady}")
         return
@@ -631,6 +938,9 @@ def _print_row(kind: str, shards: int, steady: Steady | str, took: float) -> Non
     quiet = "" if steady.churn == 0 else f" (not quiet: {steady.churn} claims/releases/fences)"
     say(f"store requests per node per round, {kind}, {shards} shards: {steady.total:.1f} "
         f"({parts}){quiet}")
+    if cost:
+        say(f"S3 requests a month, {kind}, {shards} shards, {NODES} nodes, interval 5 s: "
+            f"${s3_monthly_cost(steady):,.0f}")
     say(f"loop CPU per round, {kind}, {shards} shards: {steady.cpu_ms:.2f} ms per node "
         f"(over {steady.rounds} node-rounds; measured in {took:.0f}s)")
 
@@ -646,9 +956,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     say(f"shardlease bench{' --quick' if args.quick else ''} ({os.cpu_count()} CPUs, "
         f"Python {sys.version.split()[0]})")
     say()
-    bench_failover(args.quick)
-    bench_rounds(args.quick)
-    bench_faults(args.quick)
-    bench_requests(args.quick)
+    only = set(args.only or ())
+
+    def wanted(section: str) -> bool:
+        return not only or section in only
+
+    if wanted("failover"):
+        bench_failover(args.quick)
+    if wanted("rounds"):
+        bench_rounds(args.quick)
+    if wanted("faults"):
+        bench_faults(args.quick)
+    if wanted("slow-store"):
+        bench_slow_store(args.quick)
+    if wanted("requests"):
+        bench_requests(args.quick, args.kubeconfig)
+    if wanted("scale"):
+        bench_scale(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return 0

@@ -243,7 +243,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     try:
         options = Options.make(shards=args.shards, lease_ttl=args.lease_ttl,
                                interval=args.interval, margin=args.margin, name=args.name,
-                               cluster_name=args.cluster, max_concurrency=args.max_concurrency)
+                               cluster_name=args.cluster, max_concurrency=args.max_concurrency,
+                               renewal=args.renewal)
         peers = parse_peers(args.peer)
         store = open_store(args.store)
         host = make_host(args.host, options.name)
@@ -369,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--margin", type=float,
                       help="seconds before expiry at which shards are fenced (lease-ttl/6)")
     node.add_argument("--max-concurrency", type=int, help="opens at once (16)")
+    node.add_argument("--renewal", choices=("shard", "node"),
+                      help="how held leases are kept: 'shard' rewrites each lease every "
+                      "interval (default); 'node' writes one epoch record per node "
+                      "(docs/renewal.md)")
     node.add_argument("--host", default="log",
                       help="log, http://127.0.0.1:PORT (sidecar) or record:PATH (tests)")
     node.add_argument("--peer", action="append", default=[], metavar="NAME=ADDRESS",
@@ -409,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="print failover, balance, request and CPU figures",
                            description="Measure shardlease (figures, not a test).")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes")
+    bench.add_argument("--kubeconfig", help="also measure the Kubernetes Lease store on this "
+                       "cluster (it creates and deletes a namespace per measurement)")
+    bench.add_argument("--only", action="append", choices=("failover", "rounds", "faults",
+                       "slow-store", "requests", "scale"),
+                       help="run only these sections (repeat)")
     bench.set_defaults(func=_cmd_bench)
 
     from shardlease.k8s.commands import add_parsers

@@ -54,6 +54,8 @@ class Demo:
     view: str
     keep: bool = False
     timeout: float = 60.0
+    #: Nodes that reach the store another way (the bench: through a fault proxy).
+    store_for: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     members: dict[str, DemoNode] = field(default_factory=dict)
     marks: list[tuple[str, float]] = field(default_factory=list)
@@ -71,7 +73,8 @@ class Demo:
         return sorted((self.workdir / "events").glob("*.jsonl"))
 
     def command(self, name: str) -> list[str]:
-        return [sys.executable, "-m", "shardlease", "node", "--store", self.store_url,
+        return [sys.executable, "-m", "shardlease", "node",
+                "--store", self.store_for.get(name, self.store_url),
                 "--cluster", self.cluster, "--name", name, "--shards", str(self.shards),
                 "--lease-ttl", f"{self.ttl:g}",
                 "--host", f"record:{self.workdir / 'events' / (name + '.jsonl')}",

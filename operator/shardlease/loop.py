@@ -45,6 +45,24 @@ nobody else took it, and waiting longer only keeps it closed.) Freeing a
 lease never starts a round early, so a refused shard costs at most one
 claim, one open and one free per round.
 
+Node-mode renewal (`Options.renewal == "node"`, after CockroachDB's epoch
+leases). A lease claimed in node mode names its owner's epoch (`incarnation`)
+and stays valid while that epoch is alive: renewing every held lease is one
+compare-and-swap of the node's epoch record per interval, and a lease record
+is written only on a claim or a free. The heartbeat task is replaced by the
+epoch task, which is the renewal: every node-mode shard's deadline is the last
+successful epoch write, measured from when it was sent, + TTL - margin.
+Taking over a silent node's lease is two compare-and-swaps: first end its
+epoch, against the version this node has seen unchanged for a whole TTL (or
+against its absence, seen for a TTL, by creating it ended), then claim the
+lease against the version read, at generation + 1. A reader whose view is
+stale fails the first; an owner whose epoch was ended has its next epoch write
+refused, fences every shard of that epoch at once and starts a new epoch.
+Every node judges each lease by the way the lease says it is kept, whatever
+its own mode. A graceful stop first turns its node-mode leases into shard-mode
+ones (one write each), then retires the epoch and stops as in shard mode.
+docs/renewal.md has the safety argument.
+
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
 """
 
@@ -68,12 +86,13 @@ from shardlease.clock import Clock, LoopClock
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
-from shardlease.records import Heartbeat, Lease, Stored, new_write_id
+from shardlease.records import Epoch, Heartbeat, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
     CorruptLease,
+    EpochEnded,
     Lost,
     Release,
     RenewFailed,
@@ -99,6 +118,12 @@ COOLDOWN_WAIVED = 2.0
 ADOPT_PER_ROUND = 1
 #: The version `_Seen` records for a shard with no lease record at all.
 _MISSING = "\0missing"
+#: Epoch records unchanged for this many TTLs, which no lease names, are
+#: deleted by any node (crashed nodes' epochs), at most GC_PER_ROUND a round.
+EPOCH_GC_TTLS = 2.0
+GC_PER_ROUND = 4
+#: An epoch is identified by a node name and an epoch id.
+EpochKey = tuple[str, str]
 
 
 class Phase(enum.Enum):
@@ -126,6 +151,11 @@ class _Held:
 
     def closed(self, reason: Reason) -> None:
         self.phase, self.reason = Phase.CLOSED, reason
+
+    @property
+    def by_epoch(self) -> bool:
+        """Kept by its epoch (node mode), not by rewriting the record."""
+        return self.lease.renewal == "node"
 
 
 @dataclass
@@ -172,6 +202,9 @@ class PlacementLoop:
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        # Failed calls are retried within the loop's budgets (calls.py), never
+        # by the store on a schedule of its own.
+        store.retried_by_caller()
         self.options = options
         self.name = options.name
         self.cluster = options.cluster_name
@@ -181,6 +214,7 @@ class PlacementLoop:
         #: Jitter of retries and cooldowns (seeded by simulations).
         self.rng = rng or random.Random()
         self.incarnation = uuid.uuid4().hex
+        self.mode = options.renewal
         self.runner = Runner(
             host,
             cluster=self.cluster,
@@ -192,6 +226,7 @@ class PlacementLoop:
             close_timeout=options.close_timeout,
             margin=options.margin_s,
             warn_ahead=options.interval_s / 2,
+            extend_timeout=options.interval_s,
             on_closed=self._on_closed,
         )
         self.held: dict[int, _Held] = {}
@@ -203,12 +238,43 @@ class PlacementLoop:
         self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
         self._owners: dict[int, Owner] = {}
+        self._owner_rows: dict[int, tuple[Lease, Owner]] = {}
+        #: The last lease listing, and what was worked out from it.
+        self._last_listing: dict[int, Stored[Lease]] = {}
+        self._named: dict[EpochKey, None] = {}
+        self._free_shards: list[int] = []
         self._hb_seq = 0
         # Held by a heartbeat write and by its deletion: a graceful stop must
         # not delete the heartbeat while a write of it is on its way.
         self._hb_lock = asyncio.Lock()
-        self._hb_deleted = False
+        self._hb_deleted = options.renewal == "node"  # node mode writes none
         self._stop_started: float | None = None
+        # -- node mode: this node's epoch, and what it saw of everyone's.
+        self.epoch = self.incarnation
+        self._epoch_count = 0
+        #: Epochs this node has had (its strays may name any of them).
+        self._own_epochs = {self.epoch}
+        self._epoch_seq = 0
+        self._epoch_version: str | None = None
+        #: The TTL of the current epoch: fixed for the epoch, written in its leases.
+        self._epoch_ttl = options.lease_ttl
+        #: Deadline of every node-mode shard of the current epoch (monotonic).
+        self._epoch_deadline: float | None = None
+        self._epoch_lock = asyncio.Lock()
+        self._epoch_retired = False
+        #: Each epoch named by a lease or listed: its version (or _MISSING) and
+        #: since when this node has seen it unchanged.
+        self._epochs_seen: dict[EpochKey, _Seen] = {}
+        #: Epochs known to be over (ended by a compare-and-swap this node saw succeed).
+        self._ended: set[EpochKey] = set()
+        #: False until an epoch listing succeeded, and after one failed.
+        self._epochs_fresh = False
+        #: Epochs whose version changed after a silence: perhaps ended by a
+        #: peer (read to find out, so this node need not wait another TTL).
+        self._suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
+        #: Whether the last lease listing had node-mode leases (shard-mode
+        #: nodes read the epochs only then).
+        self._node_leases = False
         self._strays = True  # leases of ours not held may remain (unknown until a read)
         self._stopping = False
         self._wake = asyncio.Event()
@@ -256,7 +322,8 @@ class PlacementLoop:
         except the shards a smaller `shards` leaves out.
 
         - `name` and `cluster_name` cannot change (raises `ConfigError`): they
-          are who this node is in every record; that needs a new loop.
+          are who this node is in every record; that needs a new loop. Nor
+          can `renewal` (the mode decides which tasks run).
         - `interval`: each schedule (heartbeats, renewals, rounds) is woken and
           takes the new pace from its next sleep; a round starts at once.
           Renewals keep the old pace if it is faster while any held record
@@ -298,24 +365,40 @@ class PlacementLoop:
           (the runner judges a fenced close against deadline + that margin);
           the new one applies from each shard's next renewal.
 
+        Node mode: an epoch keeps the TTL it started with for its life (its
+        leases carry it, and readers wait that), so a TTL change applies to the
+        next epoch; meanwhile epoch writes keep the faster of the old and new
+        paces (`_epoch_pace`), and a margin the epoch's TTL cannot hold with
+        that pace is refused (`ConfigError`): it would fence every shard.
+
         Liveness by heartbeats uses the new TTL at once; a peer still beating
         at an older, longer interval may look dead for a while, which costs
         balance (a larger share here), never safety: only free or expired
         leases are claimed.
         """
         old = self.options
-        for field_name in ("name", "cluster_name"):
+        for field_name in ("name", "cluster_name", "renewal"):
             if getattr(options, field_name) != getattr(old, field_name):
                 raise ConfigError(
                     f"{field_name} cannot change in place ({getattr(old, field_name)!r} -> "
                     f"{getattr(options, field_name)!r}): start a new loop")
+        earlier = min(self._earlier_pace, old.interval_s)
+        if self.mode == "node" and self._epoch_ttl != options.lease_ttl:
+            pace = min(options.interval_s, earlier)
+            if options.margin_s + pace >= self._epoch_ttl:
+                raise ConfigError(
+                    f"margin {options.margin_s:g}s: the current epoch keeps its lease TTL "
+                    f"({self._epoch_ttl:g}s) until it ends, and renewing it every {pace:g}s "
+                    f"with that margin would fence every shard; keep margin + interval "
+                    f"below {self._epoch_ttl:g}s, or restart the node")
         self.options = options
-        self._earlier_pace = min(self._earlier_pace, old.interval_s)
+        self._earlier_pace = earlier
         self.calls.configure(interval=options.interval_s, ttl=options.lease_ttl)
         self.runner.reconfigure(max_concurrency=options.max_concurrency,
                                 open_timeout=options.open_timeout,
                                 close_timeout=options.close_timeout,
-                                margin=options.margin_s, warn_ahead=options.interval_s / 2)
+                                margin=options.margin_s, warn_ahead=options.interval_s / 2,
+                                extend_timeout=options.interval_s)
         if options.shards < old.shards:
             self._release_beyond()
         changed = [f"{k} {getattr(old, k)} -> {getattr(options, k)}"
@@ -349,6 +432,17 @@ class PlacementLoop:
     def open_shards(self) -> dict[int, State]:
         return self.runner.shards()
 
+    @property
+    def lease_incarnation(self) -> str:
+        """What a lease claimed now names as its owner's incarnation: this
+        process's, or in node mode its current epoch."""
+        return self.epoch if self.mode == "node" else self.incarnation
+
+    @property
+    def own_epochs(self) -> set[str]:
+        """Every incarnation a lease of this process may name."""
+        return self._own_epochs | {self.incarnation}
+
     def phases(self) -> dict[int, Phase]:
         """Each held lease's phase."""
         return {s: h.phase for s, h in self.held.items()}
@@ -359,7 +453,9 @@ class PlacementLoop:
         stops on its own, `EngineError` if another of the loop's tasks does."""
         runner = asyncio.create_task(self.runner.run(), name="shardlease-runner")
         keepers = [
-            asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
+            asyncio.create_task(self._epochs(), name="shardlease-epochs")
+            if self.mode == "node"
+            else asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
             asyncio.create_task(self._renewals(), name="shardlease-renewals"),
         ]
         try:
@@ -392,7 +488,10 @@ class PlacementLoop:
             raise
         else:
             await _cancel(*keepers)
-            if not self._hb_deleted:
+            if self.mode == "node":
+                with contextlib.suppress(StoreError, TimeoutError):
+                    await asyncio.wait_for(self._retire_epoch(), self.options.interval_s)
+            elif not self._hb_deleted:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
                 with contextlib.suppress(StoreError, TimeoutError):
@@ -412,12 +511,275 @@ class PlacementLoop:
             self._stopping = True
             self._stop_started = self.clock.monotonic()
             logger.info("stopping: releasing %d shard(s)", len(self.held))
-            try:
-                await self._delete_heartbeat()
-            except StoreError as e:
-                logger.warning("could not delete the heartbeat: %s", e)
+            if self.mode == "node":
+                # Peers stop counting this node once its epoch is gone; the
+                # leases it still holds must then be kept by their own records.
+                await self._hand_over()
+                try:
+                    await self._retire_epoch()
+                except StoreError as e:
+                    logger.warning("could not delete the epoch record: %s", e)
+            else:
+                try:
+                    await self._delete_heartbeat()
+                except StoreError as e:
+                    logger.warning("could not delete the heartbeat: %s", e)
             self._wake.set()
         await self._done.wait()
+
+    # -- epochs (node mode) -------------------------------------------------------------
+
+    async def _epochs(self) -> None:
+        """Node mode's renewal: the epoch record every interval (half of it
+        after a failure), until the epoch is retired by a graceful stop."""
+        while not self._epoch_retired:
+            started = self.clock.monotonic()
+            ok = await self._beat_epoch()
+
+            def due(ok: bool = ok, started: float = started) -> float:
+                pace = self._epoch_pace()
+                return started + (pace if ok else pace / 2)
+
+            await self._pause(due)
+
+    def _epoch_pace(self) -> float:
+        """The interval between epoch writes: the options', unless the epoch
+        keeps a TTL from before `reconfigure()` (an epoch keeps its TTL for
+        its life: its leases say it), whose deadlines were made for the pace
+        of then: the faster of the two."""
+        pace = self.options.interval_s
+        if self._epoch_ttl != self.ttl:
+            pace = min(pace, self._earlier_pace)
+        return pace
+
+    def _epoch_shards(self, epoch: str) -> list[int]:
+        return [s for s, h in self.held.items()
+                if h.by_epoch and h.lease.incarnation == epoch and h.phase is not Phase.CLOSED]
+
+    async def _beat_epoch(self) -> bool:
+        async with self._epoch_lock:
+            if self._epoch_retired:
+                return True
+            epoch = self.epoch
+            self._epoch_seq += 1
+            record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch,
+                           seq=self._epoch_seq, write_id=new_write_id(), at=self.clock.wall(),
+                           ttl=self._epoch_ttl)
+            sent = self.clock.monotonic()
+            held = self._epoch_shards(epoch)
+            # Useful until the shards' deadline, like a renewal.
+            budget = (self._epoch_deadline - sent
+                      if held and self._epoch_deadline is not None else None)
+            version = self._epoch_version
+            try:
+                written = await self.calls.bounded(
+                    "epoch renewal", lambda: self.store.write_epoch(record, version),
+                    budget=budget)
+            except Conflict:
+                self._epoch_lost(epoch)
+                return False
+            except StoreError as e:
+                logger.warning("epoch renewal failed (%d shard(s) depend on it): %s",
+                               len(held), e)
+                if held:
+                    self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
+                                                    shards=tuple(sorted(held)), error=str(e)))
+                return False
+            self._epoch_version = written
+            self._epoch_deadline = sent + self._epoch_ttl - self.options.margin_s
+            for shard in self._epoch_shards(epoch):
+                self.runner.extend(shard, self._epoch_deadline)
+            self.runner.flush()  # the host learns the moved deadlines, in one call
+            return True
+
+    def _epoch_lost(self, epoch: str) -> None:
+        """Our epoch record was ended (or deleted) by a peer, which saw it
+        unchanged for a TTL: every lease of the epoch may be taken. Fence
+        them all now and go on with a new epoch."""
+        shards = self._epoch_shards(epoch)
+        logger.error("epoch %s was ended by a peer (our renewals were not seen for a TTL): "
+                     "fencing %d shard(s), starting a new epoch", epoch, len(shards))
+        self._ended.add((self.name, epoch))
+        self.runner.fence(shards)
+        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
+                                       epoch=epoch, shards=tuple(sorted(shards))))
+        # Derived, not random: unique per incarnation, and a simulation replays it.
+        self._epoch_count += 1
+        self.epoch = hashlib.blake2b(f"{self.incarnation}/{self._epoch_count}".encode(),
+                                     digest_size=16).hexdigest()
+        self._own_epochs.add(self.epoch)
+        self._epoch_version = None
+        self._epoch_deadline = None
+        self._epoch_ttl = self.ttl
+
+    async def _retire_epoch(self) -> None:
+        """Stop renewing the epoch and delete its record (after any write of
+        it in flight): leases of the epoch still held are then fenced at its
+        deadline, and peers wait a TTL after they see it gone."""
+        async with self._epoch_lock:
+            self._epoch_retired = True
+            if self._epoch_version is not None:
+                await self.calls.bounded(
+                    "epoch deletion",
+                    lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
+                self._epoch_version = None
+
+    async def _hand_over(self) -> None:
+        """Stopping in node mode: rewrite each node-mode lease as a
+        shard-mode one, so that it is kept by its own record (renewed by the
+        renewals while the runner closes its shard) once the epoch is gone."""
+
+        async def one(shard: int, held: _Held) -> None:
+            async with held.lock:
+                if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
+                        or not held.by_epoch or held.lease.incarnation != self.epoch:
+                    return
+                sent = self.clock.monotonic()
+                deadline = self.runner.deadline(shard)
+                lease = held.lease.model_copy(update={
+                    "renewal": "shard", "write_id": new_write_id(),
+                    "renewed_at": self.clock.wall(),
+                    "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
+                try:
+                    version = await self.calls.bounded(
+                        f"hand-over of shard {shard}", lambda: self._write_held(held, lease),
+                        budget=None if deadline is None else deadline - sent)
+                except Conflict:
+                    self._lost(shard)
+                    return
+                except StoreError as e:
+                    logger.warning("shard %d stays on the epoch, fenced at its deadline: %s",
+                                   shard, e)
+                    return
+                held.lease, held.version = lease, version
+                self.runner.extend(shard, self._deadline(sent, lease.ttl))
+
+        limit = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+        async def limited(shard: int, held: _Held) -> None:
+            async with limit:
+                await one(shard, held)
+
+        await asyncio.gather(*(limited(s, h) for s, h in list(self.held.items())))
+
+    async def _read_epochs(self) -> dict[EpochKey, str] | None:
+        if self.mode != "node" and not self._node_leases:
+            self._epochs_fresh = False
+            return None
+        try:
+            epochs = await self.calls.joined("epochs", "epoch listing",
+                                             lambda: self.store.list_epochs(self.cluster))
+        except StoreError as e:
+            logger.warning("could not read the epochs, no node-mode claims this round: %s", e)
+            self._epochs_fresh = False
+            return None
+        self._epochs_fresh = True
+        return epochs
+
+    def _observe_epochs(self, epochs: dict[EpochKey, str],
+                        leases: dict[int, Stored[Lease]] | None) -> None:
+        """Track each listed epoch and each epoch a node-mode lease names
+        (missing ones too)."""
+        now = self.clock.monotonic()
+        named = self._named_epochs(leases) if leases is not None else {}
+        # In listing order, then lease order: never a set's (hash) order, so
+        # that a simulation replays the same way.
+        for key in dict.fromkeys([*epochs, *named]):
+            version = epochs.get(key, _MISSING)
+            seen = self._epochs_seen.get(key)
+            if seen is None or seen.version != version:
+                if seen is not None and key in named and _MISSING not in (seen.version, version) \
+                        and now - seen.since >= self.ttl / 2 and key not in self._ended:
+                    self._suspects[key] = None  # its owner writes every interval
+                self._epochs_seen[key] = _Seen(version, now, None)
+        for key in set(self._epochs_seen) - set(epochs) - set(named):
+            del self._epochs_seen[key]
+            self._ended.discard(key)
+
+    def _epoch_live(self) -> set[str]:
+        """The nodes with an epoch that is not over and changed within a TTL."""
+        now = self.clock.monotonic()
+        return {node for (node, epoch), seen in self._epochs_seen.items()
+                if seen.version != _MISSING and (node, epoch) not in self._ended
+                and now - seen.since <= self.ttl}
+
+    def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> dict[EpochKey, None]:
+        """The epochs node-mode leases name, in shard order."""
+        if leases is self._last_listing:
+            return self._named  # worked out while reading it
+        return {(rec.owner, rec.incarnation or ""): None for st in leases.values()
+                if (rec := st.record) is not None and rec.renewal == "node"
+                and rec.owner is not None}
+
+    async def _collect_epochs(self, leases: dict[int, Stored[Lease]]) -> None:
+        """Delete epoch records no lease names that are over, or unchanged for
+        EPOCH_GC_TTLS (crashed nodes'). Deleting one that is in fact alive (a
+        stale view) is safe: its owner's next write is refused, and a deleted
+        epoch is waited a TTL before it is taken over."""
+        now = self.clock.monotonic()
+        named = self._named_epochs(leases)
+        dead = [key for key, seen in self._epochs_seen.items()
+                if seen.version != _MISSING and key not in named
+                and key != (self.name, self.epoch)
+                and (key in self._ended or now - seen.since > EPOCH_GC_TTLS * self.ttl)]
+        for node, epoch in dead[:GC_PER_ROUND]:
+            try:
+                await self.calls.bounded(f"deletion of epoch {node}/{epoch}",
+                                         functools.partial(self.store.delete_epoch,
+                                                           self.cluster, node, epoch))
+            except StoreError as e:
+                logger.info("could not delete the epoch %s/%s: %s", node, epoch, e)
+
+    async def _check_suspects(self) -> None:
+        """Read the epochs that changed after a silence: one a peer ended is
+        over, and its leases may be claimed now."""
+        for key in list(self._suspects)[:GC_PER_ROUND]:
+            del self._suspects[key]
+            try:
+                stored = await self.calls.bounded(
+                    f"read of epoch {key[0]}/{key[1]}",
+                    functools.partial(self.store.get_epoch, self.cluster, *key))
+            except StoreError as e:
+                logger.info("could not read the epoch %s/%s: %s", *key, e)
+                continue
+            if stored is not None and stored.record is not None and stored.record.ended_by:
+                self._ended.add(key)
+
+    async def _end_epoch(self, key: EpochKey) -> bool:
+        """Take over a silent epoch: end it by a compare-and-swap against the
+        version this node has seen unchanged for a TTL (or create it ended,
+        if it has been missing that long). True once it is over."""
+        if key in self._ended:
+            return True
+        seen = self._epochs_seen.get(key)
+        if seen is None or key == (self.name, self.epoch):
+            return False  # (never our own live epoch: that would fence us)
+        node, epoch = key
+        try:
+            record = Epoch(cluster=self.cluster, node=node, epoch=epoch, seq=0,
+                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl,
+                           ended_by=self.name)
+        except ValueError:
+            # Not an epoch any node writes (a hand-edited lease): nothing can
+            # keep it alive, and it has been seen missing for a TTL.
+            self._ended.add(key)
+            return True
+        version = None if seen.version == _MISSING else seen.version
+        try:
+            await self.calls.bounded(f"end of epoch {node}/{epoch}",
+                                     lambda: self.store.write_epoch(record, version))
+        except Conflict:
+            logger.info("epoch %s/%s changed since it was read: not taken over", node, epoch)
+            return False
+        except StoreError as e:
+            logger.info("could not end the epoch %s/%s: %s", node, epoch, e)
+            return False
+        logger.warning("ended the epoch %s of node %s, silent for a TTL: taking its leases",
+                       epoch, node)
+        self._ended.add(key)
+        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
+                                       epoch=epoch))
+        return True
 
     def _check_alive(self, runner: asyncio.Task[None],
                      keepers: list[asyncio.Task[None]]) -> None:
@@ -512,7 +874,10 @@ class PlacementLoop:
                     failed.append(shard)
                     errors.append(str(e))
 
-        await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())))
+        # Node-mode leases are renewed by the epoch; only their frees are here.
+        await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
+                               if not h.by_epoch or h.phase is Phase.CLOSED))
+        self.runner.flush()  # the host learns the moved deadlines, in one call
         if failed:
             logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
             self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
@@ -555,7 +920,7 @@ class PlacementLoop:
             current = await self.store.get_lease(self.cluster, lease.shard)
             rec = current.record if current is not None else None
             if current is None or rec is None or rec.owner != self.name \
-                    or rec.incarnation != self.incarnation \
+                    or rec.incarnation != held.lease.incarnation \
                     or rec.generation != held.lease.generation \
                     or current.version == held.version:
                 raise
@@ -591,7 +956,19 @@ class PlacementLoop:
     async def _round(self) -> None:
         started = self.clock.monotonic()
         first = self.rounds == 0
-        live, leases = await asyncio.gather(self._live_nodes(), self._read_leases())
+        live, epochs, leases = await asyncio.gather(self._live_nodes(), self._read_epochs(),
+                                                    self._read_leases())
+        if leases is not None:
+            self._node_leases = bool(self._named_epochs(leases))
+        if epochs is not None:
+            self._observe_epochs(epochs, leases)
+            if self._suspects and not self._stopping:
+                # Before the share: an epoch a peer ended is no live node.
+                await self._check_suspects()
+            live = live | self._epoch_live()
+            if self._stopping:
+                live.discard(self.name)
+            self._live = live
         share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
         self._release_beyond()
         self._release_excess(share)
@@ -599,6 +976,8 @@ class PlacementLoop:
             await self._free_strays(leases)
         elif leases is not None and not first and self.runner.running:
             await self._claim(leases, share)
+        if leases is not None and epochs is not None:
+            await self._collect_epochs(leases)
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
@@ -652,10 +1031,25 @@ class PlacementLoop:
             return None
         now = self.clock.monotonic()
         owners: dict[int, Owner] = {}
+        named: dict[EpochKey, None] = {}
+        free: list[int] = []
+        last = self._last_listing
         for shard in range(self.options.shards):
             stored = leases.get(shard)
+            if stored is not None and stored is last.get(shard):
+                # The very entry of the last listing (stores keep what did not
+                # change): nothing to note but what it says.
+                rec = stored.record
+                if rec is not None:
+                    owners[shard] = self._owner_of(shard, rec)
+                    if rec.owner is None:
+                        free.append(shard)
+                    elif rec.renewal == "node":
+                        named[(rec.owner, rec.incarnation or "")] = None
+                continue
             seen = self._seen.get(shard)
             if stored is None:
+                free.append(shard)
                 if seen is None or seen.version != _MISSING:
                     self._seen[shard] = _Seen(_MISSING, now, None)
                 continue
@@ -665,15 +1059,30 @@ class PlacementLoop:
                     logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
                     self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
                                                      shard=shard, error=stored.error or ""))
-            if stored.record is not None:
-                gen = stored.record.generation
-                self._max_generation[shard] = max(gen, self._max_generation.get(shard, 0))
-                owners[shard] = Owner(shard, stored.record.owner, gen, stored.record.since)
+            if (rec := stored.record) is not None:
+                self._max_generation[shard] = max(rec.generation,
+                                                  self._max_generation.get(shard, 0))
+                owners[shard] = self._owner_of(shard, rec)
+                if rec.owner is None:
+                    free.append(shard)
+                elif rec.renewal == "node":
+                    named[(rec.owner, rec.incarnation or "")] = None
         for shard, held in self.held.items():
             owners[shard] = Owner(shard, self.name, held.lease.generation, held.lease.since)
         self._owners = owners
+        self._last_listing = leases
+        self._named = named
+        self._free_shards = free
         self.ready.set()
         return leases
+
+    def _owner_of(self, shard: int, rec: Lease) -> Owner:
+        """The Owner row of a record, shared while the record is unchanged."""
+        cached = self._owner_rows.get(shard)
+        if cached is None or cached[0] is not rec:
+            cached = self._owner_rows[shard] = (rec, Owner(shard, rec.owner, rec.generation,
+                                                           rec.since))
+        return cached[1]
 
     def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
         if shard in self.held or self.runner.state(shard) is not None:
@@ -689,9 +1098,24 @@ class PlacementLoop:
             return True
         if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
             return True  # ours, dropped after a fence: nobody else can hold it
+        if rec is not None and rec.renewal == "node":
+            return self._epoch_over(rec, now)
         seen = self._seen[shard]
         ttl = max(self.ttl, rec.ttl) if rec is not None else self.ttl
         return now - seen.since > ttl
+
+    def _epoch_over(self, rec: Lease, now: float) -> bool:
+        """A node-mode lease: claimable when its epoch is over, or has been
+        seen unchanged (or missing) for a TTL, so that `_end_epoch` may end it."""
+        key = (rec.owner or "", rec.incarnation or "")
+        if key in self._ended:
+            return True
+        if rec.owner == self.name and rec.incarnation == self.epoch:
+            return True  # our current epoch's, dropped after a failed open
+        seen = self._epochs_seen.get(key)
+        if not self._epochs_fresh or seen is None:
+            return False
+        return now - seen.since > max(self.ttl, rec.ttl)
 
     def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
         """Seconds this node has seen the shard free (no record, or no owner)
@@ -706,8 +1130,10 @@ class PlacementLoop:
         active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
         want = max(0, share - active)
         now = self.clock.monotonic()
-        candidates = [s for s in range(self.options.shards)
-                      if self._claimable(s, leases.get(s), now)]
+        # At its share a node only adopts shards free for a TTL: the free ones
+        # are all it needs to look at (the rest costs O(shards) a round).
+        pool = range(self.options.shards) if want > 0 else self._free_shards
+        candidates = [s for s in pool if self._claimable(s, leases.get(s), now)]
         candidates.sort(key=lambda s: preference(self.name, s), reverse=True)
         chosen = candidates[:want]
         # A shard nobody claimed for a whole TTL: the hosts of the nodes below
@@ -716,12 +1142,25 @@ class PlacementLoop:
         adopted = set(orphans[:ADOPT_PER_ROUND])
         if not chosen and not adopted:
             return
+        if self.mode == "node" and not self._epoch_valid():
+            return  # no epoch to tie a lease to yet (or it is failing)
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
+        # Each silent epoch is ended once, before any of its leases is claimed.
+        ending: dict[EpochKey, asyncio.Task[bool]] = {}
 
         async def one(shard: int) -> None:
+            stored = leases.get(shard)
+            rec = stored.record if stored is not None else None
+            if rec is not None and rec.renewal == "node" and rec.owner is not None \
+                    and (rec.owner, rec.incarnation) != (self.name, self.epoch):
+                key = (rec.owner, rec.incarnation or "")
+                if key not in ending:
+                    ending[key] = asyncio.create_task(self._end_epoch(key))
+                if not await asyncio.shield(ending[key]):
+                    return
             async with limit:
                 try:
-                    await self._claim_one(shard, leases.get(shard), adopted=shard in adopted)
+                    await self._claim_one(shard, stored, adopted=shard in adopted)
                 except StoreError as e:
                     logger.info("claim of shard %d failed: %s", shard, e)
 
@@ -732,6 +1171,12 @@ class PlacementLoop:
             # A claim abandoned in flight may still land: the lease then names
             # this incarnation, and is claimed again or freed as a stray.
             logger.warning("claims took longer than %.3gs; abandoned", self.budget)
+        finally:
+            await _cancel(*ending.values())
+
+    def _epoch_valid(self) -> bool:
+        return self._epoch_version is not None and self._epoch_deadline is not None \
+            and self._epoch_deadline > self.clock.monotonic() and not self._epoch_retired
 
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
                          adopted: bool = False) -> None:
@@ -741,9 +1186,13 @@ class PlacementLoop:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
         generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
         now = self.clock.wall()
+        epoch = self.epoch
+        by_epoch = self.mode == "node"
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
-                      incarnation=self.incarnation, write_id=new_write_id(),
-                      renewed_at=now, since=now, ttl=self.ttl)
+                      incarnation=epoch if by_epoch else self.incarnation,
+                      write_id=new_write_id(), renewed_at=now, since=now,
+                      ttl=self._epoch_ttl if by_epoch else self.ttl,
+                      renewal=self.mode)
         sent = self.clock.monotonic()
         try:
             version = await self.store.write_lease(lease, stored.version if stored else None)
@@ -751,16 +1200,20 @@ class PlacementLoop:
             logger.debug("shard %d: lost the race to claim it", shard)
             return
         self._max_generation[shard] = generation
-        if self._stopping:
-            # Stopped while the claim was in flight: the renewals free it.
+        # Node mode: valid until the epoch's deadline (the claim's own write
+        # extends nothing), and only if the epoch it names is still ours.
+        deadline = self._epoch_deadline if by_epoch else self._deadline(sent, lease.ttl)
+        if self._stopping or deadline is None or (by_epoch and epoch != self.epoch):
+            # Stopped (or the epoch ended) while the claim was in flight: the
+            # renewals free it.
             held = _Held(lease, version)
-            held.closed(Reason.SHUTDOWN)
+            held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED)
             self.held[shard] = held
             return
         self.held[shard] = _Held(lease, version, adopted=adopted)
         self._owners[shard] = Owner(shard, self.name, generation, lease.since)
         try:
-            self.runner.start(shard, generation, self._deadline(sent, lease.ttl))
+            self.runner.start(shard, generation, deadline)
         except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
             raise RunnerDied("the shard runner stopped") from e
         if adopted:
@@ -849,7 +1302,8 @@ class PlacementLoop:
         failed = False
         for shard, stored in leases.items():
             rec = stored.record
-            if rec is None or rec.owner != self.name or rec.incarnation != self.incarnation \
+            if rec is None or rec.owner != self.name \
+                    or rec.incarnation not in self.own_epochs \
                     or shard in self.held or self.runner.state(shard) is not None:
                 continue
             lease = rec.model_copy(update={"owner": None, "incarnation": None,
@@ -891,6 +1345,12 @@ class PlacementLoop:
         with contextlib.suppress(StoreError, TimeoutError):
             await asyncio.wait_for(self.store.delete_heartbeat(self.cluster, self.name),
                                    self.options.interval_s)
+        if self.mode == "node":
+            # Every shard is closed by now: the epoch keeps nothing open.
+            with contextlib.suppress(StoreError, TimeoutError):
+                await asyncio.wait_for(
+                    self.store.delete_epoch(self.cluster, self.name, self.epoch),
+                    self.options.interval_s)
 
 
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardlease.errors import ConfigError
-from shardlease.records import MAX_LEASE_TTL
+from shardlease.records import MAX_LEASE_TTL, Renewal
 
 
 class Options(BaseModel):
@@ -43,6 +43,11 @@ class Options(BaseModel):
     max_concurrency: int = Field(default=16, ge=1)
     open_timeout: float = Field(default=60.0, gt=0, description="Seconds an open may take.")
     close_timeout: float = Field(default=60.0, gt=0, description="Seconds one close try may take.")
+    renewal: Renewal = Field(
+        default="shard",
+        description="How held leases are kept: 'shard' rewrites every lease every interval; "
+        "'node' rewrites only this node's epoch record, and a lease only when it is "
+        "claimed or freed (store traffic grows with the nodes, not the shards).")
 
     @property
     def interval_s(self) -> float:
@@ -54,6 +59,17 @@ class Options(BaseModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
+        # close_timeout and open_timeout need no check against the others: a
+        # fence interrupts an open whatever open_timeout says, and a fenced
+        # close gets min(close_timeout, margin), so no combination of them
+        # can outlast the lease. What can never work is no margin at all.
+        if self.margin_s <= 0:
+            raise ValueError(
+                "margin must be above 0s: it is all the time a fenced shard's close gets "
+                "before another node may take its lease, and what covers the delivery of "
+                "the validity an application keeps (its deadline would otherwise be the "
+                "lease's expiry itself)"
+            )
         if self.margin_s >= self.lease_ttl:
             raise ValueError(
                 f"margin ({self.margin_s:g}s) must be less than lease_ttl ({self.lease_ttl:g}s): "

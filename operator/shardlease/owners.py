@@ -31,7 +31,11 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None,
     # An empty listing of a store that is not there would read as "no owners".
     await store.check_readable()
     leases = await store.list_leases(cluster)
-    beating = set(await store.list_heartbeats(cluster)) if heartbeats else None
+    beating = None
+    if heartbeats:
+        # A node-mode node's epoch record is its heartbeat.
+        beating = set(await store.list_heartbeats(cluster)) \
+            | {node for node, _ in await store.list_epochs(cluster)}
     count = shards if shards is not None else (max(leases) + 1 if leases else 0)
     rows, problems = [], []
     for shard in range(count):

@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,8 @@ MAX_LEASE_TTL = 3600.0
 _MAX_GENERATION = 2**63 - 1
 
 NodeName = str
+#: How a node keeps the leases it holds (see `Lease.renewal`).
+Renewal = Literal["shard", "node"]
 
 
 def new_write_id() -> str:
@@ -62,6 +64,37 @@ class Lease(BaseModel):
     #: renewed_at (`shardlease owners` shows it); 0 in records older than it.
     since: float = 0.0
     ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
+    #: How the lease is kept: "shard", its owner rewrites this record every
+    #: interval (judged by this record's version changing); "node", it is valid
+    #: while the owner's epoch (`owner`, `incarnation`) is alive, and the record
+    #: is written only on a claim or a free (judged by the epoch's record).
+    #: Records older than the field are "shard".
+    renewal: Renewal = "shard"
+
+
+class Epoch(BaseModel):
+    """One incarnation of a node, as a liveness record (node-mode renewal).
+
+    The owner rewrites it every interval with a compare-and-swap on its last
+    version; every lease it holds in node mode stays valid while it does.
+    Another node ends it, once it has seen one version unchanged for a whole
+    TTL, by a compare-and-swap that writes `ended_by`: from then on the
+    owner's writes are refused, and its leases may be claimed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    cluster: str = Field(min_length=1, max_length=63)
+    node: NodeName = Field(min_length=1, max_length=253)
+    epoch: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9]+$")
+    seq: int = Field(ge=0)
+    write_id: str = Field(min_length=1, max_length=64)
+    at: float = 0.0
+    #: The owner's lease TTL for the whole epoch (informational: readers wait
+    #: the TTL written in the leases of the epoch).
+    ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
+    #: Who ended the epoch; None while the owner keeps it.
+    ended_by: NodeName | None = Field(default=None, min_length=1, max_length=253)
 
 
 class Heartbeat(BaseModel):
@@ -127,6 +160,24 @@ def decode_heartbeat(data: bytes, cluster: str, node: str) -> Heartbeat:
             f"but is stored as cluster {cluster!r} node {node!r}"
         )
     return hb
+
+
+def decode_epoch(data: bytes, cluster: str, node: str, epoch: str) -> Epoch:
+    rec = _decode(Epoch, data)
+    if rec.cluster != cluster or rec.node != node or rec.epoch != epoch:
+        raise CorruptRecord(
+            f"epoch record names {rec.cluster!r}/{rec.node!r}/{rec.epoch!r}, "
+            f"but is stored as {cluster!r}/{node!r}/{epoch!r}"
+        )
+    return rec
+
+
+def stored_epoch(data: bytes, version: str, cluster: str, node: str,
+                 epoch: str) -> Stored[Epoch]:
+    try:
+        return Stored(version, decode_epoch(data, cluster, node, epoch))
+    except CorruptRecord as e:
+        return Stored(version, None, str(e))
 
 
 def stored_lease(data: bytes, version: str, cluster: str, shard: int,

@@ -14,6 +14,17 @@ when it is stopped or fenced is never opened.
 If the runner's supervisor dies, every worker is cancelled and every open
 shard gets a best-effort close; the loop sees the dead task and stops.
 
+A host that learns validities (`LeasedHost`, the HTTP host) is opened with
+the shard's validity (its deadline minus now), and told each new one: the
+renewals of a pass collect the shards whose deadline moved, and `flush()`
+(the end of the pass) sends them in one `extend` call, in a task of its own,
+one at a time (a flush while one is in flight joins it: it goes next), each
+bounded by `extend_timeout`. A failure is logged and counted, never fatal:
+the shards stay collected for the next flush. The supervisor flushes too when
+a collected shard's told validity is about to run out (a slow renewal keeps
+the pass, and so its flush, from ending). When a fenced close is abandoned,
+the host is told to `abort` the shard, in a task of its own.
+
 `reconfigure()` changes the timeouts, the margin, the warning lead and the
 number of open slots while shards run. A shard keeps the margin its deadline
 was computed with (its lease's expiry is that deadline plus that margin), so
@@ -28,15 +39,17 @@ import contextlib
 import enum
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardlease.clock import Clock
 from shardlease.errors import EngineError, RunnerDied
-from shardlease.hosts.base import Host
+from shardlease.hosts.base import Host, LeasedHost, Validity
 from shardlease.telemetry import (
     Closed,
     DeadlineMoved,
+    ExtendFailed,
     Opened,
     Overrun,
     RenewSlow,
@@ -76,6 +89,9 @@ class _Shard:
     state: State = State.WAITING
     reason: Reason | None = None
     warned: bool = False  # renew_slow reported for the current deadline
+    #: The deadline the host was last told (a `LeasedHost`): the open's or
+    #: the last `extend` that succeeded. None: not told yet.
+    told: float | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     fenced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -114,6 +130,7 @@ class Runner:
         close_timeout: float = 60.0,
         margin: float | None = None,
         warn_ahead: float = 0.0,
+        extend_timeout: float | None = None,
         on_closed: Callable[[int, Reason], None] | None = None,
     ) -> None:
         self.host = host
@@ -131,6 +148,16 @@ class Runner:
         #: reported (renew_slow), so that no fence comes unannounced.
         self.warn_ahead = warn_ahead
         self.on_closed = on_closed
+        #: The host, if it learns validities (opened with one, then extended).
+        self.leased: LeasedHost | None = host if isinstance(host, LeasedHost) else None
+        #: Seconds one `extend` call may take (None: the host's own bound).
+        self.extend_timeout = extend_timeout
+        #: Shards whose deadline moved since the host was last told.
+        self._moved: set[int] = set()
+        self._flush_wanted = False
+        self._extending: asyncio.Task[None] | None = None
+        #: Abort calls in flight (best effort; awaited on the way out).
+        self._aborting: set[asyncio.Task[None]] = set()
         self._slots = _Slots(max_concurrency)
         self._shards: dict[int, _Shard] = {}
         self._wake = asyncio.Event()
@@ -154,7 +181,8 @@ class Runner:
     # -- the loop's side -------------------------------------------------------
 
     def reconfigure(self, *, max_concurrency: int, open_timeout: float, close_timeout: float,
-                    margin: float | None, warn_ahead: float) -> None:
+                    margin: float | None, warn_ahead: float,
+                    extend_timeout: float | None = None) -> None:
         """New options, in place, for the shards running and to come.
 
         An open or close call already running keeps the timeout it started
@@ -166,6 +194,7 @@ class Runner:
         self.close_timeout = close_timeout
         self.margin = margin
         self.warn_ahead = warn_ahead
+        self.extend_timeout = extend_timeout
         self._slots.resize(max_concurrency)
         self._wake.set()  # the warnings' lead may have changed
 
@@ -186,16 +215,97 @@ class Runner:
         shard already being fenced or closed)."""
         st = self._shards.get(shard)
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
-            self._move(st, deadline)
+            st.deadline, st.margin = deadline, self.margin
+            st.warned = False
+            if self.leased is not None:
+                self._moved.add(shard)
+            self._wake.set()
+            now_m, now_w = self.clock.monotonic(), self.clock.wall()
+            self.telemetry.emit(DeadlineMoved(
+                cluster=self.cluster, node=self.node, shard=shard, generation=st.generation,
+                deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
 
-    def _move(self, st: _Shard, deadline: float) -> None:
-        st.deadline, st.margin = deadline, self.margin
-        st.warned = False
-        self._wake.set()
-        now_m, now_w = self.clock.monotonic(), self.clock.wall()
-        self.telemetry.emit(DeadlineMoved(
-            cluster=self.cluster, node=self.node, shard=st.shard, generation=st.generation,
-            deadline=deadline, deadline_wall=now_w + (deadline - now_m)))
+    def fence(self, shards: list[int]) -> None:
+        """Fence these shards now, whatever their deadline (their lease was
+        found invalid before it: a node-mode epoch ended by a peer)."""
+        fenced = []
+        for shard in shards:
+            st = self._shards.get(shard)
+            if st is not None and st.reason is not Reason.FENCED \
+                    and st.state is not State.CLOSED:
+                st.deadline = min(st.deadline, self.clock.monotonic())
+                st.fence()
+                fenced.append(shard)
+        if fenced:
+            logger.warning("self-fencing shards %s: their lease is no longer valid", fenced)
+            self.telemetry.emit(SelfFence(cluster=self.cluster, node=self.node,
+                                          shards=tuple(sorted(fenced))))
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Tell the host the validity of every shard whose deadline moved since
+        it was last told (a `LeasedHost`; the loop calls this at the end of
+        each renewal pass). Never waits: the call runs in a task of its own,
+        and a flush while one is in flight goes next."""
+        if self.leased is None or not self._moved or not self.running:
+            return
+        self._flush_wanted = True
+        if self._extending is None or self._extending.done():
+            self._extending = asyncio.create_task(self._extend_passes(self.leased),
+                                                  name="shardlease-extend")
+
+    async def _extend_passes(self, host: LeasedHost) -> None:
+        while self._flush_wanted and self._moved:
+            self._flush_wanted = False
+            now = self.clock.monotonic()
+            batch: dict[int, Validity] = {}
+            told: dict[int, _Shard] = {}
+            for shard in sorted(self._moved):
+                st = self._shards.get(shard)
+                # A shard not opened yet learns its validity with the open.
+                if st is None or st.state in (State.WAITING, State.CLOSED) \
+                        or st.reason is Reason.FENCED or st.deadline <= now:
+                    continue
+                batch[shard] = Validity(st.generation, st.deadline - now)
+                told[shard] = st
+            self._moved.clear()
+            if not batch:
+                continue
+            try:
+                async with asyncio.timeout(self.extend_timeout):
+                    await host.extend(batch)
+            except Exception as e:
+                why = str(e) or type(e).__name__
+                if isinstance(e, TimeoutError):
+                    why = f"no answer within {self.extend_timeout:g}s"
+                logger.warning("could not tell the host the validity of shards %s: %s",
+                               sorted(batch), why)
+                self.telemetry.emit(ExtendFailed(cluster=self.cluster, node=self.node,
+                                                 shards=tuple(sorted(batch)), error=why))
+                # Retried with the next flush (with their validity then).
+                self._moved.update(s for s, st in told.items() if self._shards.get(s) is st)
+                return
+            for st in told.values():
+                told_deadline = now + batch[st.shard].seconds
+                st.told = told_deadline if st.told is None else max(st.told, told_deadline)
+
+    def _abort_at_host(self, st: _Shard) -> None:
+        """A fenced close was abandoned: tell the host to drop the shard now
+        (a `LeasedHost`), without waiting for it."""
+        if self.leased is None:
+            return
+        task = asyncio.create_task(self._send_abort(self.leased, st.shard, st.generation),
+                                   name=f"shardlease-abort-{st.shard}")
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _send_abort(self, host: LeasedHost, shard: int, generation: int) -> None:
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await host.abort(shard, generation)
+        except Exception as e:
+            logger.warning("could not tell the host to abort shard %d (generation %d): %s",
+                           shard, generation, e or type(e).__name__)
 
     def stop(self, shard: int, reason: Reason) -> None:
         """Close a shard (after its open, if one is running)."""
@@ -240,6 +350,7 @@ class Runner:
                 pending = [st.deadline - (0.0 if st.warned else self.warn_ahead)
                            for st in self._shards.values()
                            if st.reason is not Reason.FENCED and st.state is not State.CLOSED]
+                pending += self._flush_if_due(now)
                 timeout = max(0.0, min(pending) - now) if pending else None
                 # Not asyncio.wait_for: on Python 3.11 it loses a cancellation
                 # that arrives just as the wake-up comes (the runner would then
@@ -250,6 +361,24 @@ class Runner:
         finally:
             self._ending = True
             await self._abort()
+
+    def _flush_if_due(self, now: float) -> list[float]:
+        """Flush now if a shard waiting to be told has less than `warn_ahead`
+        of its told validity left (its pass has not ended: a slow renewal of
+        another shard); the times at which one will have, to wake up then."""
+        later = []
+        due = False
+        for shard in self._moved:
+            st = self._shards.get(shard)
+            if st is None or st.told is None or st.reason is Reason.FENCED:
+                continue
+            if st.told - self.warn_ahead <= now:
+                due = True
+            else:
+                later.append(st.told - self.warn_ahead)
+        if due:
+            self.flush()
+        return later
 
     def _warn(self, now: float) -> None:
         """Report the shards whose deadline is less than `warn_ahead` away:
@@ -275,6 +404,8 @@ class Runner:
         close what may be open, so nothing stays open unfenced. The closes run
         at once, each bounded by its lease's expiry."""
         workers = [st.task for st in self._shards.values() if st.task and not st.task.done()]
+        if self._extending is not None:
+            workers.append(self._extending)
         for t in workers:
             t.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -291,6 +422,8 @@ class Runner:
 
         await asyncio.gather(*(close(st) for st in list(self._shards.values())
                                if st.state in (State.OPENING, State.OPEN, State.CLOSING)))
+        # The aborts just sent (each bounded): the application should hear them.
+        await asyncio.gather(*self._aborting, return_exceptions=True)
 
     def _expiry(self, st: _Shard) -> float:
         """When another node may take the shard's lease, as this node sees it."""
@@ -358,7 +491,7 @@ class Runner:
             return False
         try:
             st.state = State.OPENING
-            opening = asyncio.create_task(self.host.open(st.shard, st.generation))
+            opening = asyncio.create_task(self._open_call(st))
             fence = asyncio.create_task(self._until_fenced(st))
             try:
                 done, _ = await asyncio.wait({opening, fence}, timeout=self.open_timeout,
@@ -393,6 +526,15 @@ class Runner:
         finally:
             self._slots.release()
 
+    def _open_call(self, st: _Shard) -> Coroutine[Any, Any, None]:
+        """The host's open; with the shard's validity if the host learns it."""
+        if self.leased is None:
+            return self.host.open(st.shard, st.generation)
+        st.told = st.deadline
+        self._moved.discard(st.shard)
+        return self.leased.open_for(st.shard, st.generation,
+                                    st.deadline - self.clock.monotonic())
+
     async def _until_fenced(self, st: _Shard) -> None:
         # Stopped for another reason while opening, the open may finish (and
         # is then closed); only a fence interrupts an open -- also one that
@@ -423,6 +565,7 @@ class Runner:
                 logger.error("giving up closing fenced shard %d; the generation fences it",
                              st.shard)
                 self._unclosed.add(st.shard)
+                self._abort_at_host(st)
                 return
             # Never past the lease's expiry: a fenced close ends there.
             await asyncio.sleep(max(0.0, min(delay, self._expiry(st) - self.clock.monotonic())))
@@ -478,6 +621,7 @@ class Runner:
                      st.shard, late)
         self.telemetry.emit(Overrun(cluster=self.cluster, node=self.node, shard=st.shard,
                                     generation=st.generation, late=late))
+        self._abort_at_host(st)
 
     def _finish(self, st: _Shard, reason: Reason) -> None:
         if st.state is State.CLOSED:
@@ -486,6 +630,7 @@ class Runner:
         st.reason = reason
         if self._shards.get(st.shard) is st:
             del self._shards[st.shard]
+            self._moved.discard(st.shard)
         self.telemetry.emit(Closed(cluster=self.cluster, node=self.node, shard=st.shard,
                                    reason=reason.value))
         if self.on_closed is not None:

@@ -1,8 +1,9 @@
 """Telemetry: events as values, delivered to subscribers.
 
 The seed's events (claim, release, lost, self_fence, renew_failed) plus the
-runner's opened/closed, renew_slow (the warning before a fence) and overrun (a
-fenced close abandoned at the lease's expiry), as frozen dataclasses.
+runner's opened/closed, renew_slow (the warning before a fence), overrun (a
+fenced close abandoned at the lease's expiry) and extend_failed (a host that
+was not told a shard's new validity), as frozen dataclasses.
 Subscribers are plain callables (the Python hook API); the Prometheus metrics
 and the structured logs are two such subscribers. A subscriber that raises is
 logged and never disturbs the loop.
@@ -85,6 +86,29 @@ class Overrun(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EpochEnded(Event):
+    """Node-mode renewal: the epoch `epoch` of node `owner` was ended, by this
+    node (`owner` != `node`: it takes over the epoch's leases) or by a peer
+    (`owner` == `node`: this node learned it and fenced `shards`)."""
+
+    KIND = "epoch_ended"
+    owner: str
+    epoch: str
+    shards: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtendFailed(Event):
+    """The host was not told these shards' new validity (a `LeasedHost`'s
+    `extend` failed or took longer than an interval): it may stop acting on
+    them before the runner fences them. Retried with the next pass."""
+
+    KIND = "extend_failed"
+    shards: tuple[int, ...]
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Opened(Event):
     KIND = "opened"
     shard: int
@@ -154,7 +178,8 @@ def log_events(event: Event) -> None:
     """Structured logs: one record per event, its fields in `extra`."""
     if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
-    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease):
+    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
+                    | EpochEnded | ExtendFailed):
         level = logging.WARNING
     elif isinstance(event, Overrun):
         level = logging.ERROR
@@ -186,8 +211,15 @@ class PrometheusMetrics:
         self.overruns = Counter("shardlease_close_overruns",
                                 "Fenced closes abandoned at the lease's expiry", labels,
                                 registry=reg)
+        self.extend_failed = Counter("shardlease_extend_failures",
+                                     "Validity extensions the host was not told", labels,
+                                     registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
+        self.epochs_ended = Counter("shardlease_epochs_ended",
+                                    "Epochs ended: by this node (role=peer), or this node's "
+                                    "own, ended by a peer (role=own)", [*labels, "role"],
+                                    registry=reg)
         self.held = Gauge("shardlease_held_shards", "Leases held by this node", labels,
                           registry=reg)
         self.live = Gauge("shardlease_live_nodes", "Nodes seen live", labels, registry=reg)
@@ -213,8 +245,12 @@ class PrometheusMetrics:
                 self.renew_slow.labels(*lab).inc(len(shards))
             case Overrun():
                 self.overruns.labels(*lab).inc()
+            case ExtendFailed():
+                self.extend_failed.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
+            case EpochEnded(owner=owner):
+                self.epochs_ended.labels(*lab, "own" if owner == event.node else "peer").inc()
             case Round(live_nodes=live, share=share, held=held, duration=duration):
                 self.held.labels(*lab).set(held)
                 self.live.labels(*lab).set(live)

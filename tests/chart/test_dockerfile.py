@@ -124,10 +124,35 @@ def test_dockerignore_sends_only_the_package_to_the_build():
                 if ln.strip() and not ln.startswith("#")]
     for path in ("pyproject.toml", "README.md", "requirements/image.txt",
                  "operator/shardlease/__init__.py",
-                 "operator/shardlease/stores/kubernetes.py", "operator/shardlease/py.typed"):
+                 "operator/shardlease/stores/kubernetes.py", "operator/shardlease/py.typed",
+                 "examples/pyproject.toml", "examples/README.md",
+                 "examples/shardlease_examples/shardapp.py"):
         assert not _ignored(patterns, path), path
     for path in (".git/HEAD", ".venv/bin/python", "tests/chart/test_render.py",
                  "charts/shardlease/values.yaml", "e2e/controlplane.py", "Dockerfile",
                  "operator/shardlease/__pycache__/loop.cpython-311.pyc",
-                 "operator/shardlease.egg-info/PKG-INFO", ".pytest_cache/v/x"):
+                 "operator/shardlease.egg-info/PKG-INFO", ".pytest_cache/v/x",
+                 "examples/shardlease_examples/__pycache__/shardapp.cpython-311.pyc",
+                 "examples/shardlease_examples.egg-info/PKG-INFO"):
         assert _ignored(patterns, path), path
+
+
+def test_the_example_app_is_a_distribution_of_its_own_that_the_image_installs() -> None:
+    """The example app is not in the shardlease package (the library and the
+    agent do not need it), but the image carries it: the end-to-end scenarios
+    run `python -m shardlease_examples.shardapp` from it."""
+    from setuptools import find_packages
+
+    assert not (ROOT / "operator" / "shardlease" / "examples").exists()
+    product = find_packages(where=str(ROOT / "operator"))
+    assert "shardlease" in product and not [p for p in product if "example" in p], product
+    examples = tomllib.loads((ROOT / "examples" / "pyproject.toml").read_text())
+    assert examples["project"]["name"] == "shardlease-examples"
+    assert find_packages(where=str(ROOT / "examples")) == ["shardlease_examples"]
+    # Its dependencies are shardlease's own, so the image's pins cover them.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    mine = {_requirement_name(d) for d in project["dependencies"]} | {"shardlease"}
+    assert {_requirement_name(d) for d in examples["project"]["dependencies"]} <= mine
+    text = (ROOT / "Dockerfile").read_text()
+    assert "/wheels/shardlease_examples-*.whl" in text
+    assert "python -m shardlease_examples.shardapp --help" in text

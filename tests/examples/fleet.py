@@ -1,5 +1,5 @@
 """Real processes for the end-to-end test of the example app: `shardlease node`
-processes, each driving its own `shardlease.examples.shardapp` process over
+processes, each driving its own `shardlease_examples.shardapp` process over
 the HTTP host protocol, and a client that writes through whichever app owns a
 key (asking the apps, following 421s) and records every answer.
 
@@ -95,12 +95,12 @@ class Fleet:
                                      env=dict(os.environ), start_new_session=True)
         return Proc(name, popen, log)
 
-    def start_app(self, name: str) -> str:
+    def start_app(self, name: str, *extra: str) -> str:
         port = free_port()
         self.apps[name] = self._spawn("app", name, [
-            sys.executable, "-m", "shardlease.examples.shardapp", "--port", str(port),
+            sys.executable, "-m", "shardlease_examples.shardapp", "--port", str(port),
             "--bind", "127.0.0.1", "--store", self.app_store, "--shards", str(self.shards),
-            "--parent-pid", str(os.getpid())])
+            "--parent-pid", str(os.getpid()), *extra])
         url = self.app_urls[name] = f"http://127.0.0.1:{port}"
         return url
 

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import yaml  # type: ignore[import-untyped]
 
-from shardlease.examples.shardapp import ShardObjects, parse_args
 from shardlease.k8s.spec import DEFAULT_HOST_URL, spec_from_annotations
+from shardlease_examples.shardapp import ShardObjects, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "e2e" / "manifests"
@@ -93,7 +93,7 @@ def test_the_app_container_runs_the_example_app_on_minio() -> None:
     sts = find("StatefulSet", "shardapp")
     app = app_container()
     command = app["command"]
-    assert command[:3] == ["python", "-m", "shardlease.examples.shardapp"]
+    assert command[:3] == ["python", "-m", "shardlease_examples.shardapp"]
     assert app["image"] == "shardlease:dev"
     args = parse_args(command[3:])
     # The app's shard count is the annotation's; it listens where the agent calls.
@@ -156,7 +156,7 @@ def test_the_script_refers_to_files_that_exist() -> None:
         assert (ROOT / path).exists(), path
     assert '"$MANIFESTS/minio.yaml"' in script and '"$MANIFESTS/shardapp.yaml"' in script
     assert '"$ROOT/charts/shardlease"' in script
-    assert "python -m shardlease.examples.shardclient" in script
+    assert "python -m shardlease_examples.shardclient" in script
 
 
 def test_the_script_parses() -> None:

@@ -1,4 +1,4 @@
-"""The example app (`shardlease.examples.shardapp`) on a real S3 server over HTTP.
+"""The example app (`shardlease_examples.shardapp`) on a real S3 server over HTTP.
 
 Every test talks to moto's S3 server on loopback (tests/support/s3server.py)
 and to the apps over HTTP. The fencing tests run two app instances on one
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 from collections import Counter
@@ -22,7 +23,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from shardlease.examples.shardapp import (
+from shardlease.routing import shard_for_key
+from shardlease_examples.shardapp import (
     MAX_VALUE_BYTES,
     PreconditionFailed,
     ShardApp,
@@ -30,7 +32,6 @@ from shardlease.examples.shardapp import (
     StorageError,
     is_loopback,
 )
-from shardlease.routing import shard_for_key
 from tests.support.s3server import S3Server
 
 from .fleet import Client, Fleet, Op, Owners, expected_values, generation_regressions, wait_for
@@ -430,7 +431,7 @@ def test_loopback_addresses() -> None:
     (["--store", "s3://bucket/x?endpoint=ftp://h", "--shards", "4"], "endpoint"),
 ])
 def test_command_line_errors(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "shardlease.examples.shardapp", *args],
+    result = subprocess.run([sys.executable, "-m", "shardlease_examples.shardapp", *args],
                             capture_output=True, text=True, timeout=60,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 2, result
@@ -449,7 +450,12 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
     and opens them at a higher generation on another app; the stale app's next
     writes are refused by S3. Then the node resumes (SIGCONT). In the end every
     write the client was told was accepted is in S3 with its last accepted
-    value, and no write was accepted at a lower generation after a higher one."""
+    value, and no write was accepted at a lower generation after a higher one.
+
+    The apps ignore the agent's validity (--ignore-validity) here: what this
+    shows is the storage's fence, the last line of defence, which an app
+    keeping its deadline would rarely reach (see
+    test_a_paused_agents_app_stops_at_its_deadline)."""
     shards = 6
     fleet = Fleet(tmp_path, s3_server.url(s3_bucket, "e2e"), f"file://{tmp_path / 'leases'}",
                   shards)
@@ -471,7 +477,7 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
     try:
         names = ["n1", "n2", "n3"]
         for name in names:
-            fleet.start_app(name)
+            fleet.start_app(name, "--ignore-validity")
         for name, url in fleet.app_urls.items():
             async def healthy(url: str = url) -> bool:
                 fleet.check_alive()
@@ -606,7 +612,7 @@ async def test_the_example_client_follows_the_owners(make_app: MakeApp) -> None:
 
     async def client(command: str) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shardlease.examples.shardclient", command,
+            sys.executable, "-m", "shardlease_examples.shardclient", command,
             "--apps", f"{a.url},{b.url}", "--shards", str(SHARDS), "--count", "40",
             "--prefix", "c", "--run", "r1", "--timeout", "10",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -624,3 +630,70 @@ async def test_the_example_client_follows_the_owners(make_app: MakeApp) -> None:
         assert (await b.open(shard, 2)).status == 200
     verified = await client("verify")
     assert verified["ok"] == 40 and verified["failed"] == 0
+
+
+# -- the agent's validity, and abort --------------------------------------------------------------
+
+
+async def test_a_shard_past_its_validity_is_served_as_closed_until_a_lease_extends_it(
+        make_app: MakeApp) -> None:
+    a = await make_app()
+    key = keys_of(2, 1)[0]
+    opened = await a.call("POST", "/shards/2/open",
+                          json={"shard": 2, "generation": 5, "validity_ms": 300})
+    assert opened.status == 200
+    assert (await a.put(key, "in time")).status == 200
+    await asyncio.sleep(0.4)  # the agent said nothing more: past the deadline
+    late = await a.put(key, "too late")
+    assert late.status == 421 and late.body["expired"] is True, late
+    assert (await a.get(key)).status == 421
+    # A lease of an older generation is ignored; of this one, it acts again.
+    lease = await a.call("POST", "/lease", json={"leases": [
+        {"shard": 2, "generation": 4, "validity_ms": 60_000}]})
+    assert lease.status == 200 and lease.body == {"extended": [], "ignored": [2]}
+    assert (await a.put(key, "still late")).status == 421
+    lease = await a.call("POST", "/lease", json={"leases": [
+        {"shard": 2, "generation": 5, "validity_ms": 60_000}]})
+    assert lease.body == {"extended": [2], "ignored": []}
+    assert (await a.put(key, "renewed")).status == 200
+    assert (await a.get(key)).body["value"] == "renewed"
+    # An open without validity_ms (an agent that keeps no deadlines): unbounded.
+    assert (await a.open(3, 1)).status == 200
+    assert a.app.valid_until[3] == (1, math.inf)
+
+
+async def test_a_lease_that_overtakes_its_open_counts_for_it(make_app: MakeApp) -> None:
+    a = await make_app()
+    lease = await a.call("POST", "/lease", json={"leases": [
+        {"shard": 1, "generation": 3, "validity_ms": 60_000}]})
+    assert lease.body["extended"] == [1]
+    opened = await a.call("POST", "/shards/1/open",
+                          json={"shard": 1, "generation": 3, "validity_ms": 1})
+    assert opened.status == 200
+    await asyncio.sleep(0.01)
+    assert (await a.put(keys_of(1, 1)[0], "v")).status == 200  # the lease's deadline holds
+
+
+async def test_lease_bodies_are_checked(make_app: MakeApp) -> None:
+    a = await make_app()
+    for body in ({}, {"leases": {}}, {"leases": [{"shard": "1"}]},
+                 {"leases": [{"shard": 1, "generation": 1}]},
+                 {"leases": [{"shard": 1, "generation": 1, "validity_ms": -5}]},
+                 {"leases": [{"shard": 99, "generation": 1, "validity_ms": 5}]}):
+        answer = await a.call("POST", "/lease", json=body)
+        assert answer.status == 400, (body, answer)
+
+
+async def test_an_abort_drops_the_shard_at_once_and_an_older_one_is_ignored(
+        make_app: MakeApp) -> None:
+    a = await make_app()
+    key = keys_of(4, 1)[0]
+    assert (await a.open(4, 6)).status == 200
+    ignored = await a.call("POST", "/shards/4/abort", json={"shard": 4, "generation": 5})
+    assert ignored.status == 200 and ignored.body["was_open"] is False
+    assert (await a.put(key, "v")).status == 200
+    aborted = await a.call("POST", "/shards/4/abort", json={"shard": 4, "generation": 6})
+    assert aborted.status == 200 and aborted.body["was_open"] is True
+    assert (await a.put(key, "after")).status == 421
+    assert (await a.open(4, 6)).status == 409  # an open of the aborted generation is late
+    assert [e["event"] for e in a.app.history if e["shard"] == 4] == ["open", "abort"]

@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 
-@pytest.fixture
-def cluster(make_cluster: MakeCluster, namespace: str, kubeconfig: str,
-            tmp_path: Path) -> LocalCluster:
+@pytest.fixture(params=["shard", "node"])
+def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster, namespace: str,
+            kubeconfig: str, tmp_path: Path) -> LocalCluster:
     return make_cluster(f"kubernetes://{namespace}", shards=SHARDS, ttl=TTL,
-                        env={"KUBECONFIG": kubeconfig})
+                        env={"KUBECONFIG": kubeconfig}, renewal=request.param)

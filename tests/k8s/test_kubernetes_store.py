@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from kubernetes_asyncio import client
 from shardlease.errors import ConfigError, Conflict, StoreError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
-from shardlease.records import Lease
+from shardlease.records import Heartbeat, Lease, Stored
 from shardlease.sim.fakes import StrictHost
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
@@ -82,16 +83,99 @@ def raw_lease_object(namespace: str, cluster: str, shard: int, data: bytes) -> d
             "spec": spec}
 
 
+async def settle(store: LeaseStore, namespace: str) -> None:
+    """Return once every watch-fed cache of `store` agrees with a LIST.
+
+    A watching store learns of another client's write from its watch, a moment
+    after the write: it is eventually consistent, as an informer is. The
+    contract's tests read right after another client wrote, so the raw
+    writers and the second stores of the watching store's tests wait here
+    (at most 10 s) before returning: what the contract then checks is what
+    the cache shows once the watch caught up.
+    """
+    if not isinstance(store, KubernetesStore) or not store.watch:
+        return
+    probe = KubernetesStore(namespace, watch=False)
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            behind = []
+            for cluster, view in list(store._views.items()):
+                if view.stale(time.monotonic(), store.stale_after) is not None:
+                    continue  # the next read LISTs anyway
+                items, _ = await probe._list(probe._selector(cluster))
+                want = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
+                if want != {name: e.version for name, e in view.entries.items()}:
+                    behind.append(cluster)
+            if not behind:
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"caches behind: {behind}"
+            await asyncio.sleep(0.02)
+    finally:
+        await probe.aclose()
+
+
+class Settling(LeaseStore):
+    """Another client whose writes return once `watcher`'s cache shows them."""
+
+    def __init__(self, inner: LeaseStore, watcher: LeaseStore, namespace: str) -> None:
+        super().__init__()
+        self.inner, self.watcher, self.namespace = inner, watcher, namespace
+        self.requests = inner.requests
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def _settled(self) -> None:
+        await settle(self.watcher, self.namespace)
+
+    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        return await self.inner.list_leases(cluster)
+
+    async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        return await self.inner.get_lease(cluster, shard)
+
+    async def create_lease(self, lease: Lease) -> str:
+        try:
+            return await self.inner.create_lease(lease)
+        finally:
+            await self._settled()
+
+    async def update_lease(self, lease: Lease, version: str) -> str:
+        try:
+            return await self.inner.update_lease(lease, version)
+        finally:
+            await self._settled()
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        return await self.inner.list_heartbeats(cluster)
+
+    async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
+        await self.inner.put_heartbeat(heartbeat)
+        await self._settled()
+
+    async def delete_heartbeat(self, cluster: str, node: str) -> None:
+        await self.inner.delete_heartbeat(cluster, node)
+        await self._settled()
+
+
 class TestKubernetesStore(StoreContract):
+    """The contract with the watch on (the default)."""
+
+    URL = "kubernetes://{namespace}"
+
     @pytest.fixture
     async def store(self, namespace: str, kubeconfig: str) -> AsyncIterator[LeaseStore]:
-        store = open_store(f"kubernetes://{namespace}")
+        store = open_store(self.URL.format(namespace=namespace))
         await store.check()
         yield store
         await store.aclose()
 
     @pytest.fixture
-    def put_raw(self, namespace: str, api_client: Any) -> PutRaw:
+    def put_raw(self, namespace: str, api_client: Any, store: LeaseStore) -> PutRaw:
         coord = client.CoordinationV1Api(api_client)
 
         async def put(cluster: str, shard: int, data: bytes) -> None:
@@ -105,27 +189,41 @@ class TestKubernetesStore(StoreContract):
                 if e.status != 404:
                     raise
                 await coord.create_namespaced_lease(namespace, body)
+            await settle(store, namespace)
         return put
 
     @pytest.fixture
-    def delete_raw(self, namespace: str, api_client: Any) -> DeleteRaw:
+    def delete_raw(self, namespace: str, api_client: Any, store: LeaseStore) -> DeleteRaw:
         coord = client.CoordinationV1Api(api_client)
 
         async def delete(cluster: str, shard: int) -> None:
             await coord.delete_namespaced_lease(lease_name(cluster, shard), namespace)
+            await settle(store, namespace)
         return delete
 
     @pytest.fixture
-    async def make_second_store(self, namespace: str) -> AsyncIterator[MakeStore]:
+    async def make_second_store(self, namespace: str,
+                                store: LeaseStore) -> AsyncIterator[MakeStore]:
         opened: list[LeaseStore] = []
 
         async def make() -> LeaseStore:
-            s = open_store(f"kubernetes://{namespace}")
+            s = Settling(open_store(self.URL.format(namespace=namespace)), store, namespace)
             opened.append(s)
             return s
         yield make
         for s in opened:
             await s.aclose()
+
+    async def test_the_store_reads_as_configured(self, store: LeaseStore) -> None:
+        assert isinstance(store, KubernetesStore)
+        await store.list_leases(CLUSTER)
+        await store.list_heartbeats(CLUSTER)
+        if store.watch:
+            assert store.requests["list"] == 2, "the check, then one LIST for both kinds"
+            assert store.resyncs == [CLUSTER] and CLUSTER in store._views
+        else:
+            assert store.requests["list"] == 3, "the check, then one LIST per read"
+            assert store.requests["watch"] == 0 and not store._views
 
     async def test_a_lease_stored_in_another_cluster_is_corrupt(
             self, store: LeaseStore, put_raw: PutRaw) -> None:
@@ -137,6 +235,12 @@ class TestKubernetesStore(StoreContract):
         entry = await store.get_lease(CLUSTER, 0)
         assert entry is not None and entry.record is None
         assert entry.error and "cluster" in entry.error
+
+
+class TestKubernetesStoreWithoutWatch(TestKubernetesStore):
+    """The contract with `?watch=0`: every read a LIST."""
+
+    URL = "kubernetes://{namespace}?watch=0"
 
 
 async def test_leases_carry_holder_generation_and_labels_kubectl_can_select(
@@ -190,7 +294,9 @@ async def test_a_missing_namespace_fails_the_check_with_a_clear_message(kubeconf
 
 def test_a_malformed_kubernetes_url_is_refused() -> None:
     for url in ("kubernetes://", "kubernetes://ns/extra", "kubernetes://Bad_NS",
-                "kubernetes://ns?colour=blue"):
+                "kubernetes://ns?colour=blue", "kubernetes://ns?watch=2",
+                "kubernetes://ns?watch=0&watch=1", "kubernetes://ns?watch_timeout=soon",
+                "kubernetes://ns?watch_timeout=0.5", "kubernetes://ns?watch_timeout=nan"):
         with pytest.raises(ConfigError):
             KubernetesStore.from_url(url)
 

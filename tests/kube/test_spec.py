@@ -22,7 +22,7 @@ def test_the_shards_annotation_alone_gives_the_seed_defaults_and_the_namespace_s
     assert spec.to_body() == {
         "statefulSet": "db", "selector": {"app": "db"}, "shards": 64,
         "store": "kubernetes://shop", "leaseTTL": 15.0, "maxConcurrency": 16,
-        "host": {"url": "http://127.0.0.1:8080"},
+        "renewal": "shard", "host": {"url": "http://127.0.0.1:8080"},
     }
     opts = spec.options(name="db-0", cluster="db")
     assert (opts.interval_s, opts.margin_s) == (5.0, 2.5)
@@ -34,11 +34,13 @@ def test_every_option_annotation_reaches_the_spec() -> None:
         "shardlease.io/lease-ttl": "6", "shardlease.io/interval": "1.5",
         "shardlease.io/margin": "1", "shardlease.io/max-concurrency": "4",
         "shardlease.io/host-url": "http://127.0.0.1:9000", "shardlease.io/inject": "false",
+        "shardlease.io/renewal": "node",
     }))
     assert spec is not None
     assert (spec.shards, spec.store, spec.lease_ttl, spec.interval, spec.margin,
-            spec.max_concurrency, spec.host.url) == (
-        8, "s3://bucket/p", 6.0, 1.5, 1.0, 4, "http://127.0.0.1:9000")
+            spec.max_concurrency, spec.host.url, spec.renewal) == (
+        8, "s3://bucket/p", 6.0, 1.5, 1.0, 4, "http://127.0.0.1:9000", "node")
+    assert spec.options(name="db-0", cluster="db").renewal == "node"
 
 
 @pytest.mark.parametrize(("annotations", "expected"), [
@@ -56,6 +58,8 @@ def test_every_option_annotation_reaches_the_spec() -> None:
      "unknown annotation(s) shardlease.io/shard"),
     ({"shardlease.io/shards": "4", "shardlease.io/inject": "yes"},
      'shardlease.io/inject must be "true" or "false"'),
+    ({"shardlease.io/shards": "4", "shardlease.io/renewal": "epoch"},
+     "shardlease.io/renewal: Input should be 'shard' or 'node'"),
     ({"shardlease.io/shards": "4", "shardlease.io/host-url": "localhost:80"},
      "shardlease.io/host-url"),
 ])

@@ -151,7 +151,7 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3) -> di
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "app", "image": clmod.IMAGE, "imagePullPolicy": "Never",
-                    "command": ["python", "-m", "shardlease.examples.shardapp", "--port", "8080",
+                    "command": ["python", "-m", "shardlease_examples.shardapp", "--port", "8080",
                                 "--shards", str(SHARDS), "--store", store,
                                 "--agent", "http://127.0.0.1:8470"],
                     "env": [{"name": "AWS_ACCESS_KEY_ID", "value": minio.access_key},

@@ -52,6 +52,7 @@ class LocalCluster:
     ttl: float = 2.0
     name: str = "proc"
     env: Mapping[str, str] | None = None
+    renewal: str = "shard"
     nodes: dict[str, Node] = field(default_factory=dict)
     #: Nodes stopped with SIGSTOP: alive, but not running.
     paused: set[str] = field(default_factory=set)
@@ -69,14 +70,18 @@ class LocalCluster:
         env.update(self.env or {})
         return env
 
-    def start(self, name: str, *extra: str) -> Node:
+    def start(self, name: str, *extra: str, store_url: str | None = None) -> Node:
+        """Start node `name`; on `store_url` if given (the same store reached
+        another way, say through a fault-injecting proxy), else the cluster's."""
         assert name not in self.nodes or not self.nodes[name].alive(), f"{name} is running"
         log = self.workdir / "logs" / f"{name}.log"
         events = self.workdir / "events" / f"{name}.jsonl"
-        command = [sys.executable, "-m", "shardlease", "node", "--store", self.store_url,
-                   "--cluster", self.name, "--name", name, "--shards", str(self.shards),
+        command = [sys.executable, "-m", "shardlease", "node",
+                   "--store", store_url or self.store_url, "--cluster", self.name,
+                   "--name", name, "--shards", str(self.shards),
                    "--lease-ttl", f"{self.ttl:g}", "--host", f"record:{events}",
-                   "--log-format", "json", "--parent-pid", str(os.getpid()), *extra]
+                   "--log-format", "json", "--parent-pid", str(os.getpid()),
+                   "--renewal", self.renewal, *extra]
         with open(log, "ab") as out:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     env=self._env(), start_new_session=True)

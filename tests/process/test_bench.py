@@ -25,6 +25,12 @@ FIGURES = [
     r"refusing host, 4 nodes, 64 shards: rounds until the shard is open elsewhere for good: "
     r"median \d",
     r"simultaneous start, 4 nodes, 64 shards: \d+ opens, \d+ closes per start",
+    r"slow node, no fault +self-fences +\d+ \(\d+ shards\)",
+    r"slow node, \+0.15 x TTL latency +self-fences +\d+ .* requests \d+ \(",
+    r"slow node, \+0.3 x TTL latency +self-fences +\d+ .* shards open nowhere \d",
+    r"slow node, 30% 503 SlowDown +self-fences +\d+ .*\d+ slowdown",
+    r"slow node, \+0.5 x TTL latency +self-fences +\d+ .* renew_slow \d+",
+    r"slow node, until balanced again +self-fences",
     r"store requests per node per round, memory, 64 shards: \d+\.\d+ \(",
     r"loop CPU per round, memory, 64 shards: \d+\.\d+ ms per node",
     r"store requests per node per round, file[^,]*, 64 shards: \d+\.\d+ \(",

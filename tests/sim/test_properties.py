@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from shardlease.records import Renewal
 from shardlease.sim import (
     Crash,
     Fault,
@@ -32,10 +33,12 @@ class Case:
     seed: int
     max_concurrency: int
     faults: tuple[Fault, ...]
+    renewal: Renewal = "shard"
 
     def run(self) -> ScenarioResult:
         return run_scenario(nodes=self.nodes, shards=self.shards, seed=self.seed,
-                            max_concurrency=self.max_concurrency, faults=self.faults)
+                            max_concurrency=self.max_concurrency, faults=self.faults,
+                            renewal=self.renewal)
 
 
 times = st.integers(100, 1200).map(lambda t: t / 10)  # 10 .. 120 s
@@ -63,6 +66,9 @@ def faults(names: list[str]) -> st.SearchStrategy[Fault]:
         st.builds(Join, at=times, node=st.sampled_from([*names, "j0", "j1"]),
                   wall_skew=st.sampled_from([0.0, -300.0, 3600.0])),
         st.builds(Leave, at=times, node=node),
+        # One node's listings frozen for up to 4 TTLs (a lagging cache or watch).
+        st.builds(lambda at, d, n: StoreFault(at, at + d, node=n, stale=True),
+                  times, st.sampled_from([5.0, 1.5 * TTL, 4 * TTL]), node),
     )
 
 
@@ -79,6 +85,7 @@ def cases(draw: st.DrawFn, max_faults: int = 4, kinds: tuple[type, ...] | None =
         seed=draw(st.integers(0, 2**32 - 1)),
         max_concurrency=draw(st.sampled_from([1, 4, 16])),
         faults=tuple(draw(st.lists(fault, max_size=max_faults))),
+        renewal=draw(st.sampled_from(["shard", "node"])),
     )
 
 

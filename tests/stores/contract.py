@@ -47,6 +47,7 @@ from shardlease.errors import Conflict, StoreError
 from shardlease.records import (
     MAX_LEASE_TTL,
     MAX_RECORD_BYTES,
+    Epoch,
     Heartbeat,
     Lease,
     Stored,
@@ -142,6 +143,35 @@ class LostAnswerStore(LeaseStore):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         await self.inner.delete_heartbeat(cluster, node)
 
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        return await self.inner.list_epochs(cluster)
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        return await self.inner.get_epoch(cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        if not self.happen:
+            self._lose()
+        version = await self.inner.create_epoch(record)
+        self._lose()
+        return version
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        if not self.happen:
+            self._lose()
+        new = await self.inner.update_epoch(record, version)
+        self._lose()
+        return new
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        await self.inner.delete_epoch(cluster, node, epoch)
+
+
+def make_epoch(node: str = "node-a", epoch: str = "e1", seq: int = 0,
+               cluster: str = CLUSTER, **extra: Any) -> Epoch:
+    return Epoch(cluster=cluster, node=node, epoch=epoch, seq=seq, write_id=new_write_id(),
+                 at=1000.0, ttl=15.0, **extra)
+
 
 class StoreContract:
     """Tests every `LeaseStore` must pass; see the module docstring for the fixtures."""
@@ -170,6 +200,87 @@ class StoreContract:
     @pytest.fixture
     async def second_store(self, make_second_store: MakeStore) -> LeaseStore:
         return await make_second_store()
+
+    # -- epochs (node-mode renewal) -----------------------------------------------
+
+    async def test_epochs_are_created_once_listed_read_and_swapped(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        assert await store.list_epochs(CLUSTER) == {}
+        first = make_epoch("node-a", "e1")
+        v1 = await store.create_epoch(first)
+        with pytest.raises(Conflict):
+            await second_store.create_epoch(make_epoch("node-a", "e1"))
+        await store.create_epoch(make_epoch("node-a", "e2"))
+        await store.create_epoch(make_epoch("node-b", "e1", cluster=OTHER_CLUSTER))
+        listed = await second_store.list_epochs(CLUSTER)
+        assert set(listed) == {("node-a", "e1"), ("node-a", "e2")}
+        assert listed[("node-a", "e1")] == v1
+        got = await second_store.get_epoch(CLUSTER, "node-a", "e1")
+        assert got is not None and got.record == first and got.version == v1
+        assert await store.get_epoch(CLUSTER, "node-a", "e9") is None
+        renewed = make_epoch("node-a", "e1", seq=1)
+        v2 = await store.update_epoch(renewed, v1)
+        assert v2 != v1
+        assert (await second_store.list_epochs(CLUSTER))[("node-a", "e1")] == v2
+        # A peer that read v1 cannot end it any more: the owner wrote since.
+        with pytest.raises(Conflict):
+            await second_store.update_epoch(make_epoch("node-a", "e1", ended_by="node-b"), v1)
+        ended = make_epoch("node-a", "e1", ended_by="node-b")
+        v3 = await second_store.update_epoch(ended, v2)
+        # ...and once it is ended, the owner's next write is refused.
+        with pytest.raises(Conflict):
+            await store.update_epoch(make_epoch("node-a", "e1", seq=2), v2)
+        got = await store.get_epoch(CLUSTER, "node-a", "e1")
+        assert got is not None and got.record is not None and got.version == v3
+        assert got.record.ended_by == "node-b"
+
+    async def test_an_update_never_creates_a_deleted_epoch(self, store: LeaseStore) -> None:
+        version = await store.create_epoch(make_epoch("node-a", "e1"))
+        await store.delete_epoch(CLUSTER, "node-a", "e1")
+        await store.delete_epoch(CLUSTER, "node-a", "e1")  # missing: not an error
+        assert await store.list_epochs(CLUSTER) == {}
+        with pytest.raises(Conflict):
+            await store.update_epoch(make_epoch("node-a", "e1", seq=1), version)
+        assert await store.list_epochs(CLUSTER) == {}
+        assert await store.get_epoch(CLUSTER, "node-a", "e1") is None
+
+    async def test_an_epoch_write_whose_answer_was_lost_is_recognised(
+            self, store: LeaseStore) -> None:
+        lossy = LostAnswerStore(store, happen=True)
+        record = make_epoch("node-a", "e1")
+        version = await lossy.write_epoch(record, None)
+        got = await store.get_epoch(CLUSTER, "node-a", "e1")
+        assert got is not None and got.record == record and got.version == version
+        lossy.lose_next = True
+        renewed = make_epoch("node-a", "e1", seq=1)
+        again = await lossy.write_epoch(renewed, version)
+        got = await store.get_epoch(CLUSTER, "node-a", "e1")
+        assert got is not None and got.record == renewed and got.version == again
+        # A refusal that was not ours stays a Conflict.
+        with pytest.raises(Conflict):
+            await store.write_epoch(make_epoch("node-a", "e1", seq=2), version)
+
+    async def test_one_of_many_concurrent_enders_wins(
+            self, store: LeaseStore, make_second_store: MakeStore) -> None:
+        version = await store.create_epoch(make_epoch("node-a", "e1"))
+        others = [await make_second_store() for _ in range(5)]
+
+        async def end(peer: LeaseStore, k: int) -> bool:
+            try:
+                await peer.update_epoch(make_epoch("node-a", "e1", ended_by=f"p{k}"), version)
+            except Conflict:
+                return False
+            return True
+
+        won = await asyncio.gather(*(end(p, k) for k, p in enumerate(others)))
+        assert sum(won) == 1
+
+    async def test_a_lease_says_how_it_is_renewed(self, store: LeaseStore) -> None:
+        await store.create_lease(make_lease(3, renewal="node"))
+        await store.create_lease(make_lease(4))
+        leases = await store.list_leases(CLUSTER)
+        assert valid(leases[3]).renewal == "node"
+        assert valid(leases[4]).renewal == "shard"
 
     # -- creating and reading ---------------------------------------------------
 
@@ -288,8 +399,9 @@ class StoreContract:
                 if not name.startswith("_")
                 and any(word in name for word in ("delete", "remove", "drop", "purge"))
             )
-        assert deleting(LeaseStore) == ["delete_heartbeat"]
-        assert deleting(store) == ["delete_heartbeat"]
+        # Epochs are deleted (ended or dead ones), never leases.
+        assert deleting(LeaseStore) == ["delete_epoch", "delete_heartbeat"]
+        assert deleting(store) == ["delete_epoch", "delete_heartbeat"]
 
     async def test_twenty_concurrent_creates_of_a_missing_lease_have_exactly_one_winner(
             self, make_second_store: MakeStore) -> None:

@@ -1,8 +1,11 @@
 """The sidecar host: the application container answers on localhost.
 
 Protocol (JSON over HTTP, any 2xx is success):
-    POST {base}/shards/{shard}/open   {"shard": S, "generation": G}
+    POST {base}/shards/{shard}/open   {"shard": S, "generation": G, "validity_ms": V}
     POST {base}/shards/{shard}/close  {"shard": S, "generation": G}
+    POST {base}/lease                 {"leases": [{"shard": S, "generation": G,
+                                                   "validity_ms": V}, ...]}
+    POST {base}/shards/{shard}/abort  {"shard": S, "generation": G}
 
 Every call carries the generation it is about: the close names the open it
 closes. Calls are idempotent per (shard, generation), and an application must
@@ -10,27 +13,67 @@ ignore a call whose generation is older than the newest it has seen for that
 shard, and refuse an open of a generation it has already closed: cancelling
 an HTTP request does not stop the application's handler, so a slow open may
 arrive, or finish, after the close that was meant to follow it
-(examples/shardapp does exactly this).
+(examples/shardlease_examples/shardapp.py does exactly this).
+
+Validity: `validity_ms` is how long, in milliseconds from when the call
+reaches the application, it may act on the shard without hearing more: the
+agent's own deadline for the shard (last renewal sent + lease_ttl - margin)
+minus the time the call is sent. The agent closes the shard at that deadline
+(self-fencing); an application that keeps its own deadline per (shard,
+generation), on its monotonic clock, stops acting at the same moment when the
+agent cannot tell it to (paused, OOM-killed, cut off), so a stalled agent no
+longer leaves a live application acting beside the shard's next owner. Past
+its deadline the application acts as if the shard were closed (refuses its
+requests) until a later `/lease` (or open) of that same generation extends
+it. The margin must cover the delivery of a call (a few milliseconds on
+localhost). Once per renewal pass the agent sends one `/lease` with every
+shard whose deadline moved; it runs beside the renewals and never delays one.
+`/lease` entries name a generation: an entry for a generation other than the
+one the application has (or is opening) for the shard is ignored; an entry
+may arrive before the open it extends has finished, and counts for it then.
+An application that does not keep deadlines ignores `validity_ms` and may
+answer `/lease` with any 2xx.
+
+Abort: when a fenced close did not end before the lease could be taken by
+another node, the agent gives up on it and says `abort`: drop the shard at
+once (the generation still fences whatever the application does late).
 
 The runner bounds each call with the options' `open_timeout` and
-`close_timeout` and retries closes; this class makes one attempt per call,
-with those same bounds and no hidden one of its own, and turns every failure
-into `HostError`.
+`close_timeout`, and `/lease` with the interval, and retries closes; this
+class makes one attempt per call, with those same bounds and, for `abort`
+alone, a short one of its own (`abort_timeout`), and turns every failure into
+`HostError`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import aiohttp
 
 from shardlease.errors import HostError
+from shardlease.hosts.base import Validity
+
+#: Seconds an abort may take: it is best effort, sent when a close already failed.
+ABORT_TIMEOUT = 2.0
+
+
+def validity_ms(seconds: float) -> int:
+    """Whole milliseconds, rounded down (never more than the agent allows)."""
+    return max(0, math.floor(seconds * 1000))
 
 
 class HttpHost:
     def __init__(self, base_url: str, *, open_timeout: float | None = None,
-                 close_timeout: float | None = None) -> None:
+                 close_timeout: float | None = None,
+                 abort_timeout: float = ABORT_TIMEOUT) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeouts = {"open": aiohttp.ClientTimeout(total=open_timeout),
-                         "close": aiohttp.ClientTimeout(total=close_timeout)}
+                         "close": aiohttp.ClientTimeout(total=close_timeout),
+                         "abort": aiohttp.ClientTimeout(total=abort_timeout),
+                         "lease": aiohttp.ClientTimeout(total=None)}
         #: The generation of the last open of each shard, for its close.
         self.generations: dict[int, int] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -50,26 +93,44 @@ class HttpHost:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._session
 
-    async def _post(self, shard: int, action: str, body: dict[str, int]) -> None:
-        url = f"{self.base_url}/shards/{shard}/{action}"
+    async def _call(self, what: str, path: str, action: str, body: Mapping[str, Any]) -> None:
+        url = f"{self.base_url}{path}"
         try:
             async with self._client().post(url, json=body,
                                            timeout=self.timeouts[action]) as resp:
                 if resp.status // 100 != 2:
                     text = (await resp.text())[:200]
-                    raise HostError(f"{action} shard {shard}: {url} answered {resp.status}: {text}")
+                    raise HostError(f"{what}: {url} answered {resp.status}: {text}")
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise HostError(f"{action} shard {shard}: {url} failed: {e!r}") from e
+            raise HostError(f"{what}: {url} failed: {e!r}") from e
+
+    async def _post(self, shard: int, action: str, body: Mapping[str, Any]) -> None:
+        await self._call(f"{action} shard {shard}", f"/shards/{shard}/{action}", action, body)
 
     async def open(self, shard: int, generation: int) -> None:
         self.generations[shard] = generation
         await self._post(shard, "open", {"shard": shard, "generation": generation})
+
+    async def open_for(self, shard: int, generation: int, validity: float) -> None:
+        self.generations[shard] = generation
+        await self._post(shard, "open", {"shard": shard, "generation": generation,
+                                         "validity_ms": validity_ms(validity)})
 
     async def close(self, shard: int) -> None:
         body = {"shard": shard}
         if shard in self.generations:
             body["generation"] = self.generations[shard]
         await self._post(shard, "close", body)
+
+    async def extend(self, leases: Mapping[int, Validity]) -> None:
+        entries = [{"shard": shard, "generation": v.generation,
+                    "validity_ms": validity_ms(v.seconds)}
+                   for shard, v in sorted(leases.items())]
+        await self._call(f"lease of {len(entries)} shard(s)", "/lease", "lease",
+                         {"leases": entries})
+
+    async def abort(self, shard: int, generation: int) -> None:
+        await self._post(shard, "abort", {"shard": shard, "generation": generation})
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -9,6 +9,8 @@ Opt-in annotations on a StatefulSet (values are strings, as annotations are):
     shardlease.io/interval          "5"    seconds (default lease-ttl/3)
     shardlease.io/margin            "2.5"  seconds (default lease-ttl/6)
     shardlease.io/max-concurrency   "16"
+    shardlease.io/renewal           "shard" | "node"  how held leases are kept
+                                    (docs/renewal.md)
     shardlease.io/host-url          "http://127.0.0.1:8080"  the app's shard endpoints
     shardlease.io/inject            "true" | "false"  inject the agent sidecar
                                     (false: the application embeds the library)
@@ -40,12 +42,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import AgentConfig
 from shardlease.options import Options
-from shardlease.records import MAX_LEASE_TTL
+from shardlease.records import MAX_LEASE_TTL, Renewal
 
 PREFIX = "shardlease.io/"
 SHARDS = PREFIX + "shards"
 KNOWN = {
-    "shards", "store", "lease-ttl", "interval", "margin", "max-concurrency", "host-url",
+    "shards", "store", "lease-ttl", "interval", "margin", "max-concurrency", "renewal", "host-url",
     "inject", "agent-cpu-request", "agent-cpu-limit", "agent-memory-request",
     "agent-memory-limit", "agent-image-pull-policy", "agent-env-from-secret",
     "agent-env-from-configmap", "native-sidecar", "drain-containers",
@@ -83,6 +85,7 @@ class ShardSetSpec(BaseModel):
     interval: float | None = Field(default=None, gt=0)
     margin: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=16, ge=1, alias="maxConcurrency")
+    renewal: Renewal = "shard"
     host: HostSpec = Field(default_factory=HostSpec)
 
     @field_validator("store")
@@ -98,7 +101,7 @@ class ShardSetSpec(BaseModel):
             shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
             margin=self.margin, max_concurrency=self.max_concurrency, name=name,
             cluster_name=cluster, open_timeout=self.host.open_timeout,
-            close_timeout=self.host.close_timeout)
+            close_timeout=self.host.close_timeout, renewal=self.renewal)
 
     def to_body(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -146,11 +149,13 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
         "interval": number("interval", float),
         "margin": number("margin", float),
         "maxConcurrency": number("max-concurrency", int),
+        "renewal": ours.get("renewal"),
         "host": {"url": ours["host-url"]} if "host-url" in ours else None,
     }
     names = {"statefulSet": "name", "shards": "shards", "store": "store",
              "leaseTTL": "lease-ttl", "interval": "interval", "margin": "margin",
-             "maxConcurrency": "max-concurrency", "host": "host-url"}
+             "maxConcurrency": "max-concurrency", "renewal": "renewal",
+             "host": "host-url"}
     try:
         spec = ShardSetSpec.model_validate({k: v for k, v in body.items() if v is not None})
         spec.options(name="probe", cluster=meta.get("name") or "x")

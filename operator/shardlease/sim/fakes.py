@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardlease.errors import HostError, StoreError
-from shardlease.records import Heartbeat, Lease, Stored
+from shardlease.records import Epoch, Heartbeat, Lease, Stored
 from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.telemetry import Event, Telemetry
 
@@ -181,6 +181,30 @@ class ScriptedStore(MemoryStore):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         await self._gate("delete_heartbeat", cluster, node)
         await super().delete_heartbeat(cluster, node)
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        await self._gate("list_epochs", cluster)
+        return await super().list_epochs(cluster)
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        await self._gate("get_epoch", cluster, node, epoch)
+        return await super().get_epoch(cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        await self._gate("create_epoch", record)
+        version = await super().create_epoch(record)
+        self._after("create_epoch")
+        return version
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        await self._gate("update_epoch", record, version)
+        new = await super().update_epoch(record, version)
+        self._after("update_epoch")
+        return new
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        await self._gate("delete_epoch", cluster, node, epoch)
+        await super().delete_epoch(cluster, node, epoch)
 
 
 def recorder(telemetry: Telemetry) -> list[tuple[float, Event]]:

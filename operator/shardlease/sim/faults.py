@@ -33,7 +33,9 @@ class StoreFault:
     (before reaching the store, like a 503 answer) or `lost_reply_rate`
     (after the store applied the call: the answer is lost). Draws come from a
     seeded RNG per node. `calls` limits the fault to those store methods
-    (`STORE_CALLS`); None means every call."""
+    (`STORE_CALLS`); None means every call. `stale`: the node's listings
+    in the window all return what its first listing in it returned (a view
+    stale by up to the window: a lagging cache or watch)."""
 
     at: float
     until: float
@@ -43,6 +45,7 @@ class StoreFault:
     error_rate: float = 0.0
     lost_reply_rate: float = 0.0
     calls: frozenset[str] | None = None
+    stale: bool = False
 
     def __post_init__(self) -> None:
         if self.calls is not None and not self.calls <= STORE_CALLS:
@@ -53,7 +56,9 @@ class StoreFault:
 #: The store methods a `StoreFault` may be limited to. Lease writes are
 #: create_lease (claims) and update_lease (renewals, frees).
 STORE_CALLS = frozenset({"list_leases", "get_lease", "create_lease", "update_lease",
-                         "list_heartbeats", "put_heartbeat", "delete_heartbeat"})
+                         "list_heartbeats", "put_heartbeat", "delete_heartbeat",
+                         "list_epochs", "get_epoch", "create_epoch", "update_epoch",
+                         "delete_epoch"})
 LEASE_WRITES = frozenset({"create_lease", "update_lease"})
 
 

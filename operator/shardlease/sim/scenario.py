@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlease.options import Options
+from shardlease.records import Renewal
 from shardlease.sim.check import (
     Recovery,
     check_fenced_closes,
@@ -148,6 +149,7 @@ def run_scenario(
     max_concurrency: int = 16,
     open_timeout: float = 60.0,
     close_timeout: float = 60.0,
+    renewal: Renewal = "shard",
     faults: Sequence[Fault] = (),
     wall_skews: Mapping[str, float] | None = None,
     settle: float | None = None,
@@ -164,7 +166,7 @@ def run_scenario(
         result = run_virtual(_scenario(
             nodes=nodes, shards=shards, seed=seed, lease_ttl=lease_ttl, interval=interval,
             margin=margin, max_concurrency=max_concurrency, open_timeout=open_timeout,
-            close_timeout=close_timeout, faults=list(faults),
+            close_timeout=close_timeout, renewal=renewal, faults=list(faults),
             wall_skews=dict(wall_skews or {}), settle=settle, recovery_bound=recovery_bound))
     finally:
         log.setLevel(level)
@@ -175,7 +177,7 @@ def run_scenario(
 async def _scenario(
     *, nodes: int, shards: int, seed: int, lease_ttl: float, interval: float | None,
     margin: float | None, max_concurrency: int, open_timeout: float, close_timeout: float,
-    faults: list[Fault], wall_skews: dict[str, float], settle: float | None,
+    renewal: Renewal, faults: list[Fault], wall_skews: dict[str, float], settle: float | None,
     recovery_bound: float | None,
 ) -> ScenarioResult:
     loop = asyncio.get_running_loop()
@@ -185,7 +187,7 @@ async def _scenario(
     interval_s, ttl = opts.interval_s, opts.lease_ttl
     world = World(shards=shards, seed=seed, lease_ttl=ttl, interval=interval, margin=margin,
                   max_concurrency=max_concurrency, open_timeout=open_timeout,
-                  close_timeout=close_timeout)
+                  close_timeout=close_timeout, renewal=renewal)
     world.install(loop)
     world.store_faults = [f for f in faults if isinstance(f, StoreFault)]
     world.host_faults = [f for f in faults if isinstance(f, HostFault)]

@@ -36,13 +36,21 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from shardlease.clock import LoopClock
 from shardlease.errors import HostError, StoreError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
-from shardlease.records import Heartbeat, Lease, Stored, decode_heartbeat, stored_lease
+from shardlease.records import (
+    Epoch,
+    Heartbeat,
+    Lease,
+    Renewal,
+    Stored,
+    decode_heartbeat,
+    stored_lease,
+)
 from shardlease.sim.faults import HostFault, StoreFault
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
 from shardlease.stores.base import LeaseStore
@@ -230,6 +238,8 @@ class SimStore(LeaseStore):
         #: When each request was made (virtual time): requests per interval
         #: of a window, whatever the number of rounds in it.
         self.times: list[float] = []
+        #: Listings frozen by a stale-reads fault: (method, window) -> result.
+        self._frozen: dict[tuple[str, float], Any] = {}
 
     def describe(self) -> str:
         return f"sim://{self.node.label}"
@@ -253,9 +263,20 @@ class SimStore(LeaseStore):
         await node.gate()
         return result
 
+    async def _listing(self, method: str, op: Callable[[], Awaitable[T]]) -> T:
+        """A listing, or the one taken earlier in a stale-reads window."""
+        window = self.world.stale_window(self.node.name)
+        if window is None:
+            return await self._call("list", method, op)
+        key = (method, window)
+        if key not in self._frozen:
+            self._frozen[key] = await self._call("list", method, op)
+        else:
+            await self._call("list", method, _noop)
+        return cast(T, self._frozen[key])
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        return await self._call(
-            "list", "list_leases", lambda: self.inner.list_leases(cluster))
+        return await self._listing("list_leases", lambda: self.inner.list_leases(cluster))
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         return await self._call(
@@ -270,8 +291,8 @@ class SimStore(LeaseStore):
             "put", "update_lease", lambda: self.inner.update_lease(lease, version))
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
-        return await self._call(
-            "list", "list_heartbeats", lambda: self.inner.list_heartbeats(cluster))
+        return await self._listing("list_heartbeats",
+                                   lambda: self.inner.list_heartbeats(cluster))
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self._call(
@@ -280,6 +301,28 @@ class SimStore(LeaseStore):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         await self._call(
             "delete", "delete_heartbeat", lambda: self.inner.delete_heartbeat(cluster, node))
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        return await self._listing("list_epochs", lambda: self.inner.list_epochs(cluster))
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        return await self._call(
+            "get", "get_epoch", lambda: self.inner.get_epoch(cluster, node, epoch))
+
+    async def create_epoch(self, record: Epoch) -> str:
+        return await self._call("put", "create_epoch", lambda: self.inner.create_epoch(record))
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        return await self._call(
+            "put", "update_epoch", lambda: self.inner.update_epoch(record, version))
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        await self._call(
+            "delete", "delete_epoch", lambda: self.inner.delete_epoch(cluster, node, epoch))
+
+
+async def _noop() -> None:
+    return None
 
 
 class RecordingHost:
@@ -356,6 +399,7 @@ class World:
     max_concurrency: int
     open_timeout: float
     close_timeout: float
+    renewal: Renewal = "shard"
     backend: MemoryBackend = field(default_factory=MemoryBackend)
     trace: list[TraceEvent] = field(default_factory=list)
     nodes: list[SimNode] = field(default_factory=list)
@@ -374,7 +418,7 @@ class World:
         return Options(shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
                        margin=self.margin, name=name, cluster_name=CLUSTER,
                        max_concurrency=self.max_concurrency, open_timeout=self.open_timeout,
-                       close_timeout=self.close_timeout)
+                       close_timeout=self.close_timeout, renewal=self.renewal)
 
     def record(self, node: str, kind: str, shard: int = -1, generation: int = -1,
                value: float = 0.0, detail: str = "") -> None:
@@ -405,6 +449,13 @@ class World:
 
     def _active(self, fault: StoreFault | HostFault, name: str) -> bool:
         return fault.at <= self.now() < fault.until and fault.node in (None, name)
+
+    def stale_window(self, name: str) -> float | None:
+        """The start of the stale-reads window `name` is in now, if any."""
+        for f in self.store_faults:
+            if f.stale and self._active(f, name):
+                return f.at
+        return None
 
     def store_conditions(self, name: str, method: str) -> tuple[float, float, float, float]:
         """latency, jitter, error rate, lost-reply rate for a call of `method` starting now."""
@@ -503,7 +554,7 @@ class World:
         held = sorted(
             s for s, lease in self.read_leases().items()
             if lease is not None and lease.owner == node.name
-            and lease.incarnation == node.loop.incarnation)
+            and lease.incarnation == node.loop.lease_incarnation)
         node.blackholed = True
         node.status = "crashed"
         node.ended_at = node.ended_at if node.ended_at is not None else self.now()
@@ -554,10 +605,13 @@ class World:
                                    f"{sorted(node.host.open_now)}")
         kept = [s for s, lease in self.read_leases().items()
                 if lease is not None and lease.owner == node.name
-                and lease.incarnation == node.loop.incarnation]
+                and lease.incarnation in node.loop.own_epochs]
         found = self.backend.heartbeats.get((CLUSTER, node.name))
         beat = found is not None and decode_heartbeat(
             found[1], CLUSTER, node.name).incarnation == node.loop.incarnation
+        # Node mode: its epoch record is its heartbeat.
+        beat = beat or any(c == CLUSTER and n == node.name and e in node.loop.own_epochs
+                           for c, n, e in self.backend.epochs)
         start = node.leave_at if node.leave_at is not None else self.now()
         failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
                       and (f.error_rate > 0 or f.lost_reply_rate > 0)
@@ -584,7 +638,7 @@ class World:
         return Snapshot(
             t=self.now(),
             live={n.label: n.name for n in live},
-            incarnations={n.label: n.loop.incarnation for n in live},
+            incarnations={n.label: n.loop.lease_incarnation for n in live},
             open={n.label: dict(n.host.open_now) for n in live},
             held={n.label: set(n.loop.held) for n in live},
             leases=self.read_leases(),

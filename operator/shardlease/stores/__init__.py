@@ -3,7 +3,8 @@
 - `memory://NAME`: in-process (tests, simulation);
 - `file:///path`: a directory shared by processes of one machine (the demo);
 - `s3://bucket/prefix`: S3 or an S3-compatible server with conditional writes;
-- `kubernetes://NAMESPACE`: coordination.k8s.io/v1 Lease objects.
+- `kubernetes://NAMESPACE`: coordination.k8s.io/v1 Lease objects, read from a
+  watch-fed cache (`?watch=0`: a LIST per read; `?watch_timeout=SECONDS`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import abc
 import collections
 
 from shardlease.errors import Conflict, StoreError
-from shardlease.records import Heartbeat, Lease, Stored
+from shardlease.records import Epoch, Heartbeat, Lease, Stored
 
 #: The version prefix of a lease reported after it vanished (see the module doc).
 VANISHED = "vanished:"
@@ -52,6 +52,13 @@ class LeaseStore(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """A short human description (URL without secrets)."""
+
+    def retried_by_caller(self) -> None:  # noqa: B027 - optional hook
+        """The caller retries every failed call itself, within budgets of its
+        own (the placement loop): from now on the store should make one
+        attempt per call and fail fast, rather than retry with pauses of its
+        own inside the caller's budget. The default does nothing (stores that
+        do not retry)."""
 
     async def check(self) -> None:  # noqa: B027 - optional hook
         """Verify at start that the store is reachable and enforces conditional
@@ -107,6 +114,56 @@ class LeaseStore(abc.ABC):
         """Remove a node's heartbeat (graceful stop), so that peers stop
         counting it at once. Missing is not an error."""
 
+    # -- epochs (node-mode renewal) --------------------------------------------
+    #
+    # One record per (node, epoch), so that a listing alone tells each epoch
+    # apart (no GET per node per round). A missing record on update is a
+    # `Conflict`, never a create: an epoch that was ended or deleted can never
+    # be written again by its owner.
+
+    @abc.abstractmethod
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        """The epoch records of the cluster: (node, epoch) -> version."""
+
+    @abc.abstractmethod
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        """One epoch record, or None."""
+
+    @abc.abstractmethod
+    async def create_epoch(self, record: Epoch) -> str:
+        """Create the record if none exists; its version. `Conflict` if one does."""
+
+    @abc.abstractmethod
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        """Replace the record if its version is still `version` (`Conflict`
+        if it changed or is gone); the new version."""
+
+    @abc.abstractmethod
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        """Remove an epoch record (missing is not an error)."""
+
+    async def write_epoch(self, record: Epoch, version: str | None) -> str:
+        """Create (version None) or compare-and-swap an epoch record,
+        recognising a write of our own whose answer was lost, as `write_lease`."""
+        try:
+            if version is None:
+                return await self.create_epoch(record)
+            return await self.update_epoch(record, version)
+        except (StoreError, Conflict) as first:
+            try:
+                current = await self.get_epoch(record.cluster, record.node, record.epoch)
+            except StoreError as e:
+                if isinstance(first, Conflict):
+                    # Perhaps our own earlier attempt: a Conflict here would
+                    # fence every shard of the epoch, so say "unknown" instead.
+                    raise StoreError(f"{first}; and the record could not be read to tell "
+                                     f"whether the write was ours: {e}") from e
+                raise first from None
+            if current is not None and current.record is not None \
+                    and current.record.write_id == record.write_id:
+                return current.version
+            raise
+
     # -- shared behaviour -----------------------------------------------------
 
     def _note(self, cluster: str, shard: int, stored: Stored[Lease]) -> None:
@@ -137,8 +194,10 @@ class LeaseStore(abc.ABC):
                       found: dict[int, Stored[Lease]]) -> dict[int, Stored[Lease]]:
         """A complete listing of `cluster`'s leases, with the vanished ones
         added back as entries that say so. Every store's `list_leases` ends here."""
+        last = self._last_held
         for shard, stored in found.items():
-            self._note(cluster, shard, stored)
+            if last.get((cluster, shard)) is not stored:  # (unchanged: noted already)
+                self._note(cluster, shard, stored)
         gone = sorted(s for c, s in self._last_held if c == cluster and s not in found)
         for shard in gone:
             entry = self._vanished(cluster, shard)

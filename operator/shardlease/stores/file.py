@@ -4,6 +4,7 @@ Layout under the root::
 
     <root>/<cluster>/leases/<shard>/<seq>.json   the versions of one lease
     <root>/<cluster>/heartbeats/<node>.json      one heartbeat per node
+    <root>/<cluster>/epochs/<node>@<epoch>/<seq>.json   the versions of an epoch
 
 No locks. A lock held by a writer that is then stopped (SIGSTOP, a debugger, a
 frozen VM) would block every other writer for as long as it stays stopped,
@@ -26,6 +27,7 @@ the highest version, so no reader ever takes it for the current record. (A
 writer delayed while more than `_KEEP` others swapped after it also reports a
 Conflict: the safe direction, since by then its lease was taken anyway.)
 
+Epoch records (node-mode renewal) are versioned and swapped like leases.
 Heartbeats need no compare-and-swap (each node writes only its own): they are
 written to a temporary file and `os.replace`d, which is atomic.
 
@@ -41,13 +43,23 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 import stat
 import time
 import uuid
 from pathlib import Path
 
 from shardlease.errors import Conflict, StoreError, StoreUnsafe
-from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encode, stored_lease
+from shardlease.records import (
+    MAX_RECORD_BYTES,
+    Epoch,
+    Heartbeat,
+    Lease,
+    Stored,
+    encode,
+    stored_epoch,
+    stored_lease,
+)
 from shardlease.stores.base import LeaseStore
 
 _SUFFIX = ".json"
@@ -143,6 +155,10 @@ class FileStore(LeaseStore):
         if shard < 0:
             raise StoreError(f"file store {self.root}: shard {shard} is negative")
         return self.cluster_dir(cluster) / "leases" / str(shard)
+
+    def epoch_dir(self, cluster: str, node: str, epoch: str) -> Path:
+        return (self.cluster_dir(cluster) / "epochs"
+                / f"{self._checked_name('node', node)}@{self._checked_name('epoch', epoch)}")
 
     def heartbeat_path(self, cluster: str, node: str) -> Path:
         return (self.cluster_dir(cluster) / "heartbeats"
@@ -245,7 +261,7 @@ class FileStore(LeaseStore):
         self._fsync_dir(directory)
         return True
 
-    def _encode(self, record: Lease | Heartbeat) -> bytes:
+    def _encode(self, record: Lease | Heartbeat | Epoch) -> bytes:
         data = encode(record)
         if len(data) > MAX_RECORD_BYTES:
             raise StoreError(f"file store {self.root}: record of {len(data)} bytes is larger "
@@ -305,9 +321,11 @@ class FileStore(LeaseStore):
 
     def _swap_lease(self, lease: Lease, version: str | None) -> str:
         """Write the lease if its current version is `version` (None: absent)."""
-        name = f"lease {lease.cluster}/{lease.shard}"
-        directory = self.lease_dir(lease.cluster, lease.shard)
-        data = self._encode(lease)
+        return self._swap(self.lease_dir(lease.cluster, lease.shard),
+                          f"lease {lease.cluster}/{lease.shard}", self._encode(lease), version)
+
+    def _swap(self, directory: Path, name: str, data: bytes, version: str | None) -> str:
+        """Write a versioned record if its current version is `version` (None: absent)."""
         if version is None:
             if self._seqs(directory):
                 raise Conflict(f"{name} exists")
@@ -339,6 +357,60 @@ class FileStore(LeaseStore):
                            else f"{name} changed since version {version}")
         self._collect(directory, seq)
         return f"{seq}-{_digest(data)}"
+
+    def _list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        directory = self.cluster_dir(cluster) / "epochs"
+        found: dict[tuple[str, str], str] = {}
+        for name in sorted(self._listdir(directory)):
+            node, sep, epoch = name.rpartition("@")
+            if not sep or not node or not epoch or name.startswith("."):
+                continue
+            for _ in range(_READ_TRIES):
+                seqs = self._seqs(directory / name)
+                if not seqs:
+                    break
+                try:
+                    data, _ = _read_bytes(directory / name / f"{seqs[-1]}{_SUFFIX}")
+                except FileNotFoundError:
+                    continue  # superseded and collected since the listing
+                except OSError as e:
+                    found[(node, epoch)] = f"{seqs[-1]}-unreadable-{e.errno}"
+                    break
+                found[(node, epoch)] = f"{seqs[-1]}-{_digest(data)}"
+                break
+        return found
+
+    def _get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        directory = self.epoch_dir(cluster, node, epoch)
+        for _ in range(_READ_TRIES):
+            seqs = self._seqs(directory)
+            if not seqs:
+                return None
+            path = directory / f"{seqs[-1]}{_SUFFIX}"
+            try:
+                data, _ = _read_bytes(path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise self._fail("read", path, e) from None
+            return stored_epoch(data, f"{seqs[-1]}-{_digest(data)}", cluster, node, epoch)
+        raise StoreError(f"file store {self.root}: epoch {node}@{epoch} changed faster "
+                         f"than it could be read ({_READ_TRIES} tries)")
+
+    def _swap_epoch(self, record: Epoch, version: str | None) -> str:
+        return self._swap(self.epoch_dir(record.cluster, record.node, record.epoch),
+                          f"epoch {record.cluster}/{record.node}@{record.epoch}",
+                          self._encode(record), version)
+
+    def _delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        directory = self.epoch_dir(cluster, node, epoch)
+        # A writer that still holds a version of it then finds its file gone:
+        # a Conflict, as for any epoch that changed.
+        shutil.rmtree(directory, ignore_errors=True)
+        if directory.exists():
+            raise StoreError(f"file store {self.root}: cannot delete {directory}")
+        if directory.parent.is_dir():
+            self._fsync_dir(directory.parent)
 
     def _list_heartbeats(self, cluster: str) -> dict[str, str]:
         directory = self.cluster_dir(cluster) / "heartbeats"
@@ -456,3 +528,23 @@ class FileStore(LeaseStore):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         self._count("delete")
         await asyncio.to_thread(self._delete_heartbeat, cluster, node)
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        self._count("list")
+        return await asyncio.to_thread(self._list_epochs, cluster)
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        self._count("get")
+        return await asyncio.to_thread(self._get_epoch, cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        self._count("put")
+        return await asyncio.to_thread(self._swap_epoch, record, None)
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        self._count("put")
+        return await asyncio.to_thread(self._swap_epoch, record, version)
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        self._count("delete")
+        await asyncio.to_thread(self._delete_epoch, cluster, node, epoch)

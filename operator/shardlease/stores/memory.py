@@ -11,7 +11,15 @@ import itertools
 from dataclasses import dataclass, field
 
 from shardlease.errors import Conflict
-from shardlease.records import Heartbeat, Lease, Stored, encode, stored_lease
+from shardlease.records import (
+    Epoch,
+    Heartbeat,
+    Lease,
+    Stored,
+    encode,
+    stored_epoch,
+    stored_lease,
+)
 from shardlease.stores.base import LeaseStore
 
 
@@ -21,6 +29,7 @@ class MemoryBackend:
 
     leases: dict[tuple[str, int], tuple[str, bytes]] = field(default_factory=dict)
     heartbeats: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
+    epochs: dict[tuple[str, str, str], tuple[str, bytes]] = field(default_factory=dict)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_version(self) -> str:
@@ -40,17 +49,24 @@ class MemoryStore(LeaseStore):
         super().__init__()
         self.backend = backend if backend is not None else MemoryBackend()
         self.name = name
+        self._decoded: dict[tuple[str, int], Stored[Lease]] = {}
 
     def describe(self) -> str:
         return f"memory://{self.name}"
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
         self._count("list")
-        return self._observed_all(cluster, {
-            shard: stored_lease(data, version, cluster, shard)
-            for (c, shard), (version, data) in sorted(self.backend.leases.items())
-            if c == cluster
-        })
+        found: dict[int, Stored[Lease]] = {}
+        for (c, shard), (version, data) in sorted(self.backend.leases.items()):
+            if c != cluster:
+                continue
+            # Decoded once per version, as a real store GETs only what changed:
+            # a listing then costs what changed, not the shard count.
+            cached = self._decoded.get((c, shard))
+            if cached is None or cached.version != version:
+                cached = self._decoded[(c, shard)] = stored_lease(data, version, cluster, shard)
+            found[shard] = cached
+        return self._observed_all(cluster, found)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         self._count("get")
@@ -90,6 +106,39 @@ class MemoryStore(LeaseStore):
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         self._count("delete")
         self.backend.heartbeats.pop((cluster, node), None)
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        self._count("list")
+        return {(node, epoch): v for (c, node, epoch), (v, _) in self.backend.epochs.items()
+                if c == cluster}
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        self._count("get")
+        found = self.backend.epochs.get((cluster, node, epoch))
+        return None if found is None else stored_epoch(found[1], found[0], cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        self._count("put")
+        key = (record.cluster, record.node, record.epoch)
+        if key in self.backend.epochs:
+            raise Conflict(f"epoch {'/'.join(key)} exists")
+        version = self.backend.next_version()
+        self.backend.epochs[key] = (version, encode(record))
+        return version
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        self._count("put")
+        key = (record.cluster, record.node, record.epoch)
+        found = self.backend.epochs.get(key)
+        if found is None or found[0] != version:
+            raise Conflict(f"epoch {'/'.join(key)} changed since version {version}")
+        new = self.backend.next_version()
+        self.backend.epochs[key] = (new, encode(record))
+        return new
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        self._count("delete")
+        self.backend.epochs.pop((cluster, node, epoch), None)
 
     def put_raw_lease(self, cluster: str, shard: int, data: bytes) -> None:
         """Write arbitrary bytes as a lease (tests of corrupt records)."""

@@ -4,6 +4,8 @@ Layout under `s3://bucket/prefix`::
 
     <prefix>/<cluster>/leases/<shard>        one JSON lease per shard
     <prefix>/<cluster>/heartbeats/<node>     one JSON heartbeat per node
+    <prefix>/<cluster>/epochs/<node>@<epoch> one JSON epoch record per node
+                                             incarnation (node-mode renewal)
     <prefix>/.shardlease-probe/<random>      written and removed by `check()`
 
 Versions are ETags without their quotes. Every lease write is conditional:
@@ -58,7 +60,16 @@ from botocore.handlers import (  # type: ignore[import-untyped]
 )
 
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
-from shardlease.records import MAX_RECORD_BYTES, Heartbeat, Lease, Stored, encode, stored_lease
+from shardlease.records import (
+    MAX_RECORD_BYTES,
+    Epoch,
+    Heartbeat,
+    Lease,
+    Stored,
+    encode,
+    stored_epoch,
+    stored_lease,
+)
 from shardlease.stores.base import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -161,6 +172,8 @@ class S3Store(LeaseStore):
         self._gets = asyncio.Semaphore(max_parallel_gets)
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
+        #: Clients replaced by `retried_by_caller()`, closed by `aclose()`.
+        self._replaced: list[contextlib.AsyncExitStack] = []
         self._client_lock = asyncio.Lock()
         #: object key -> the lease last read or written there, by ETag.
         self._cache: dict[str, Stored[Lease]] = {}
@@ -240,6 +253,12 @@ class S3Store(LeaseStore):
     def _heartbeat_dir(self, cluster: str) -> str:
         return self._cluster_dir(cluster) + "heartbeats/"
 
+    def _epoch_dir(self, cluster: str) -> str:
+        return self._cluster_dir(cluster) + "epochs/"
+
+    def _epoch_key(self, cluster: str, node: str, epoch: str) -> str:
+        return f"{self._epoch_dir(cluster)}{_segment('node', node)}@{_segment('epoch', epoch)}"
+
     def _lease_key(self, cluster: str, shard: int) -> str:
         return f"{self._lease_dir(cluster)}{shard}"
 
@@ -275,10 +294,26 @@ class S3Store(LeaseStore):
         operation = event_name.rsplit(".", 1)[-1]
         self._count(_KINDS.get(operation, operation.lower()))
 
+    def retried_by_caller(self) -> None:
+        """One attempt per request from now on. botocore's standard retries
+        pause rand(0, 1) s, then rand(0, 2) s after a throttling answer (503
+        SlowDown), all inside one call: at a lease TTL of 3 s that is the
+        whole 1.5 s budget of a renewal, for at most three attempts. The loop
+        retries a failed call itself after 5% of an interval (doubling), so
+        many more attempts fit in the same budget. The next request opens a
+        new client (one in use is closed by `aclose()`)."""
+        self._config = self._config.merge(Config(retries={"mode": "standard",
+                                                          "total_max_attempts": 1}))
+        if self._stack is not None:
+            self._replaced.append(self._stack)
+        self._stack, self._client = None, None
+
     async def aclose(self) -> None:
-        stack, self._stack, self._client = self._stack, None, None
-        if stack is not None:
-            await stack.aclose()
+        stacks = [*self._replaced, self._stack]
+        self._replaced, self._stack, self._client = [], None, None
+        for stack in stacks:
+            if stack is not None:
+                await stack.aclose()
 
     async def _call(self, operation: str, key: str, **params: Any) -> dict[str, Any]:
         """One S3 call on `key`; every failure becomes a `_S3Failure`."""
@@ -453,20 +488,26 @@ class S3Store(LeaseStore):
     # -- writing leases --------------------------------------------------------------------
 
     async def create_lease(self, lease: Lease) -> str:
-        return await self._swap(lease, None)
+        return await self._swap_lease(lease, None)
 
     async def update_lease(self, lease: Lease, version: str) -> str:
-        return await self._swap(lease, clean_etag(version))
+        return await self._swap_lease(lease, clean_etag(version))
 
-    async def _swap(self, lease: Lease, expected: str | None) -> str:
-        """PUT the lease if the object is still at `expected` (None: missing)."""
+    async def _swap_lease(self, lease: Lease, expected: str | None) -> str:
         key = self._lease_key(lease.cluster, lease.shard)
+        version = await self._swap(key, encode(lease),
+                                   f"lease {lease.cluster}/{lease.shard} ({self._url(key)})",
+                                   expected)
+        self._cache[key] = Stored(version, lease)
+        return version
+
+    async def _swap(self, key: str, body: bytes, what: str, expected: str | None) -> str:
+        """PUT the object if it is still at `expected` (None: missing)."""
         condition = ({"IfNoneMatch": "*"} if expected is None
                      else {"IfMatch": f'"{expected}"'})
-        what = (f"lease {lease.cluster}/{lease.shard} ({self._url(key)})")
         for attempt in range(1, self._conflict_attempts + 1):
             try:
-                answer = await self._call("put_object", key, Key=key, Body=encode(lease),
+                answer = await self._call("put_object", key, Key=key, Body=body,
                                           ContentType="application/json", **condition)
             except _S3Failure as e:
                 if e.status == 412 or e.code == "PreconditionFailed":
@@ -495,7 +536,6 @@ class S3Store(LeaseStore):
             if not version:
                 raise StoreError(f"S3 PutObject {self._url(key)} at {self._endpoint()} "
                                  "answered without an ETag")
-            self._cache[key] = Stored(version, lease)
             return version
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -524,6 +564,44 @@ class S3Store(LeaseStore):
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         key = self._heartbeat_dir(cluster) + _segment("node", node)
+        try:
+            await self._call("delete_object", key, Key=key)
+        except _S3Failure as e:
+            if not (e.status == 404 or e.code == "NoSuchKey"):
+                raise
+
+    # -- epochs (node-mode renewal) ------------------------------------------------------------
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        directory = self._epoch_dir(cluster)
+        found: dict[tuple[str, str], str] = {}
+        for key, (etag, _) in (await self._list(directory)).items():
+            node, sep, epoch = key[len(directory):].rpartition("@")
+            if sep and node and epoch:
+                found[(node, epoch)] = etag
+        return found
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        got = await self._read(self._epoch_key(cluster, node, epoch))
+        if got is None:
+            return None
+        etag, data, _ = got
+        return stored_epoch(data, etag, cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        return await self._swap_epoch(record, None)
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        return await self._swap_epoch(record, clean_etag(version))
+
+    async def _swap_epoch(self, record: Epoch, expected: str | None) -> str:
+        key = self._epoch_key(record.cluster, record.node, record.epoch)
+        return await self._swap(key, encode(record),
+                                f"epoch {record.node}@{record.epoch} ({self._url(key)})",
+                                expected)
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        key = self._epoch_key(cluster, node, epoch)
         try:
             await self._call("delete_object", key, Key=key)
         except _S3Failure as e:

@@ -2,23 +2,38 @@
 
 Run it beside a shardlease agent (or a ``shardlease node --host http://...``)::
 
-    python -m shardlease.examples.shardapp --port 8080 --shards 16 \\
+    python -m shardlease_examples.shardapp --port 8080 --shards 16 \\
         --store 's3://bucket/prefix?endpoint=http://127.0.0.1:9000&path_style=true'
 
-It speaks the sidecar's HTTP host protocol (any 2xx is success)::
+It speaks the sidecar's HTTP host protocol (any 2xx is success; see
+``shardlease.hosts.http``)::
 
-    POST /shards/{shard}/open   {"shard": S, "generation": G}
+    POST /shards/{shard}/open   {"shard": S, "generation": G, "validity_ms": V}
     POST /shards/{shard}/close  {"shard": S, "generation": G}
+    POST /lease                 {"leases": [{"shard": S, "generation": G, "validity_ms": V}]}
+    POST /shards/{shard}/abort  {"shard": S, "generation": G}
 
 A call older than what this instance has seen of the shard is ignored (a
 close of generation 3 while 4 is open here) or refused (an open of a
 generation already closed here: a slow open that arrives after its close).
+
+Its own deadline: per shard, the generation and a deadline on this process's
+monotonic clock, = when the open or ``/lease`` arrived + ``validity_ms``
+(the agent's own deadline for the shard, at which it would close it). Past
+it, the shard is served as if it were closed (421, ``"expired": true``) until
+a ``/lease`` of that same generation extends it: an agent that stalls
+(paused, OOM-killed, cut off from the app) thus stops this app at the moment
+it would have closed the shard itself, before anyone else may open it.
+``--ignore-validity`` turns that off (an app that only trusts its storage's
+fencing; for comparison). An ``abort`` (the agent gave up on a close) drops
+the shard at once, without waiting for its write in flight.
 
 and serves its own API::
 
     PUT /kv/{key}    the request body (UTF-8 text) becomes the key's value
     GET /kv/{key}    {"key", "value", "shard", "generation"} (404 if the key has no value)
     GET /shards      the shards open here, their generations, counters
+    GET /history     what happened to each shard here, on this process's monotonic clock
     GET /healthz
 
 A key belongs to shard ``shardlease.routing.shard_for_key(key, shards)``. A
@@ -74,11 +89,13 @@ import contextlib
 import ipaddress
 import json
 import logging
+import math
 import os
 import random
 import signal
 import sys
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -99,7 +116,7 @@ from shardlease.errors import ConfigError
 from shardlease.routing import shard_for_key
 from shardlease.stores.s3 import clean_etag, read_at_most
 
-log = logging.getLogger("shardlease.examples.shardapp")
+log = logging.getLogger("shardlease_examples.shardapp")
 
 #: Largest value a PUT may carry, in bytes.
 MAX_VALUE_BYTES = 64 * 1024
@@ -112,6 +129,10 @@ MAX_CONTROL_BYTES = 4096
 #: How many times an open re-reads after losing a race on the object (an old
 #: owner still writing); then the open fails and the host decides again.
 OPEN_ATTEMPTS = 10
+#: Largest `/lease` body, and most entries in it.
+MAX_LEASE_BYTES = 256 * 1024
+#: Events kept for GET /history.
+HISTORY = 10_000
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -384,6 +405,8 @@ class OpenShard:
     generation: int
     etag: str
     data: dict[str, str]
+    #: Dropped by an abort: a write in flight must not land any more.
+    aborted: bool = False
 
 
 @dataclass
@@ -399,6 +422,11 @@ class ShardApp:
     #: shard -> the highest generation closed here: an open at or below it is late.
     closed_at: dict[int, int] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
+    #: Keep the agent's deadlines (False: --ignore-validity).
+    enforce_validity: bool = True
+    #: shard -> (generation, deadline on time.monotonic()), from opens and /lease.
+    valid_until: dict[int, tuple[int, float]] = field(default_factory=dict)
+    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -408,11 +436,49 @@ class ShardApp:
     def _lock(self, shard: int) -> asyncio.Lock:
         return self._locks.setdefault(shard, asyncio.Lock())
 
+    def _record(self, event: str, shard: int, generation: int | None, **more: Any) -> None:
+        self.history.append({"at": time.monotonic(), "event": event, "shard": shard,
+                             "generation": generation, **more})
+
+    # -- validity ---------------------------------------------------------------------------
+
+    def extend(self, shard: int, generation: int, until: float) -> bool:
+        """The agent says `shard` at `generation` may act until `until`
+        (monotonic). Counts for the generation open here, or one being opened
+        (the open may still be on its way); ignored for an older one. Whether
+        it was taken."""
+        if generation <= self.closed_at.get(shard, -1):
+            return False
+        held = self.open_shards.get(shard)
+        if held is not None and held.generation > generation:
+            return False
+        known = self.valid_until.get(shard)
+        if known is not None and known[0] > generation:
+            return False
+        if known is None or known[0] < generation:
+            self.valid_until[shard] = (generation, until)
+        else:
+            self.valid_until[shard] = (generation, max(known[1], until))
+        return True
+
+    def acting_until(self, state: OpenShard) -> float:
+        """Until when this instance may act on an open shard (monotonic)."""
+        if not self.enforce_validity:
+            return math.inf
+        known = self.valid_until.get(state.shard)
+        if known is None or known[0] != state.generation:
+            return -math.inf  # (an open always records its own)
+        return known[1]
+
     # -- the host protocol ------------------------------------------------------------------
 
-    async def open(self, shard: int, generation: int) -> OpenShard:
-        """Open `shard` at `generation`: fence every older owner, or refuse."""
+    async def open(self, shard: int, generation: int,
+                   validity: float | None = None) -> OpenShard:
+        """Open `shard` at `generation`: fence every older owner, or refuse.
+        `validity`: seconds from now it may act without hearing more (None:
+        no deadline, an agent that sends none)."""
         self._check_shard(shard)
+        until = math.inf if validity is None else time.monotonic() + validity
         async with self._lock(shard):
             held = self.open_shards.get(shard)
             if held is not None and held.generation > generation:
@@ -450,9 +516,14 @@ class ShardApp:
                     self.stats["open_races"] += 1
                     await asyncio.sleep(random.uniform(0, 0.01))
                     continue
+                if not self.extend(shard, generation, until):
+                    # Closed (or superseded) while this open was on its way.
+                    raise NewerOwner(f"shard {shard}: generation {generation} was closed "
+                                     "during its open", shard=shard, generation=generation)
                 state = self.open_shards[shard] = OpenShard(shard, generation, etag, data)
                 self.fenced.pop(shard, None)
                 self.stats["opens"] += 1
+                self._record("open", shard, generation, until=self.valid_until[shard][1])
                 log.info("opened shard %d at generation %d (%d keys)", shard, generation,
                          len(data))
                 return state
@@ -476,9 +547,29 @@ class ShardApp:
                 self.closed_at[shard] = max(closing, self.closed_at.get(shard, -1))
             was_open = self.open_shards.pop(shard, None) is not None
             self.fenced.pop(shard, None)
+            self._record("close", shard, closing)
         self.stats["closes"] += 1
         log.info("closed shard %d%s", shard, "" if was_open else " (was not open)")
         return was_open
+
+    def abort(self, shard: int, generation: int) -> bool:
+        """The agent gave up closing `shard` at `generation`: drop it now,
+        without waiting for its write in flight (which will not land). An
+        abort of an older generation than the one open here is ignored."""
+        self._check_shard(shard)
+        held = self.open_shards.get(shard)
+        if held is not None and held.generation > generation:
+            self.stats["aborts_ignored"] += 1
+            return False
+        self.closed_at[shard] = max(generation, self.closed_at.get(shard, -1))
+        if held is not None:
+            held.aborted = True
+            del self.open_shards[shard]
+        self.stats["aborts"] += 1
+        self._record("abort", shard, generation)
+        log.warning("aborted shard %d at generation %d%s", shard, generation,
+                    "" if held is not None else " (was not open)")
+        return held is not None
 
     # -- the key-value API -------------------------------------------------------------------
 
@@ -488,6 +579,7 @@ class ShardApp:
         async with self._lock(shard):
             state = self._open_state(shard, key)
             await self._reread(state)
+            self._check_acting(state, key)  # the read took time
             data = dict(state.data)
             data[key] = value
             if len(encode_object(state.generation, data)) > MAX_OBJECT_BYTES:
@@ -511,8 +603,21 @@ class ShardApp:
         self.stats["writes_accepted"] += 1
         return state
 
+    def _check_acting(self, state: OpenShard, key: str) -> None:
+        if state.aborted or self.open_shards.get(state.shard) is not state:
+            raise Misdirected(f"shard {state.shard} was closed here during the request",
+                              shard=state.shard, key=key)
+        if time.monotonic() >= self.acting_until(state):
+            self.stats["expired"] += 1
+            raise Misdirected(
+                f"shard {state.shard}: generation {state.generation} is past its deadline "
+                "here (the agent has not renewed it in time); served as closed",
+                shard=state.shard, key=key, generation=state.generation, expired=True)
+
     def _open_state(self, shard: int, key: str) -> OpenShard:
         state = self.open_shards.get(shard)
+        if state is not None:
+            self._check_acting(state, key)
         if state is None:
             self.stats["misdirected"] += 1
             details: dict[str, Any] = {"shard": shard, "key": key}
@@ -566,6 +671,7 @@ class ShardApp:
         by = snap.generation if snap is not None else None
         self.fenced[shard] = by
         self.stats["fences"] += 1
+        self._record("fence", shard, state.generation, by=by)
         if snap is None:
             why = "its object is gone from the store"
         elif snap.generation > state.generation:
@@ -598,6 +704,9 @@ class ShardApp:
         app.add_routes([
             web.post("/shards/{shard}/open", self._http_open),
             web.post("/shards/{shard}/close", self._http_close),
+            web.post("/shards/{shard}/abort", self._http_abort),
+            web.post("/lease", self._http_lease),
+            web.get("/history", self._http_history),
             web.get("/shards", self._http_shards),
             web.put("/kv/{key:.+}", self._http_put),
             web.get("/kv/{key:.+}", self._http_get),
@@ -623,36 +732,45 @@ class ShardApp:
         else:
             log.info("S3 bucket %s is reachable", self.objects.bucket)
 
-    async def _control(self, request: web.Request) -> tuple[int, dict[str, Any]]:
+    def _check_control(self, request: web.Request) -> None:
         if not self.allow_remote_control and not is_loopback(request.remote):
             raise Forbidden("open and close are accepted from loopback only (the agent is "
                             "a sidecar); start with --allow-remote-control to change that")
-        try:
-            shard = int(request.match_info["shard"])
-        except ValueError:
-            raise BadRequest(f"shard {request.match_info['shard']!r} is not a number") from None
-        self._check_shard(shard)
-        if request.content_length is not None and request.content_length > MAX_CONTROL_BYTES:
-            raise TooLarge(f"the body is larger than {MAX_CONTROL_BYTES} bytes")
-        raw = await request.content.read(MAX_CONTROL_BYTES + 1)
-        if len(raw) > MAX_CONTROL_BYTES:
-            raise TooLarge(f"the body is larger than {MAX_CONTROL_BYTES} bytes")
+
+    async def _json_body(self, request: web.Request, limit: int) -> dict[str, Any]:
+        if request.content_length is not None and request.content_length > limit:
+            raise TooLarge(f"the body is larger than {limit} bytes")
+        raw = await request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise TooLarge(f"the body is larger than {limit} bytes")
         try:
             body = json.loads(raw or b"{}")
         except ValueError as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
+        return body
+
+    async def _control(self, request: web.Request) -> tuple[int, dict[str, Any]]:
+        self._check_control(request)
+        try:
+            shard = int(request.match_info["shard"])
+        except ValueError:
+            raise BadRequest(f"shard {request.match_info['shard']!r} is not a number") from None
+        self._check_shard(shard)
+        body = await self._json_body(request, MAX_CONTROL_BYTES)
         if "shard" in body and body["shard"] != shard:
             raise BadRequest(f"the body names shard {body['shard']!r}, the path {shard}")
         return shard, body
 
     async def _http_open(self, request: web.Request) -> web.Response:
+        received = time.monotonic()
         shard, body = await self._control(request)
-        generation = body.get("generation")
-        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-            raise BadRequest(f"generation must be an integer >= 0, not {generation!r}")
-        state = await self.open(shard, generation)
+        generation = _generation(body.get("generation"))
+        validity = None
+        if body.get("validity_ms") is not None:
+            validity = _validity_ms(body["validity_ms"]) / 1000 - (time.monotonic() - received)
+        state = await self.open(shard, generation, validity)
         return web.json_response({"shard": shard, "generation": state.generation,
                                   "keys": len(state.data)})
 
@@ -664,6 +782,41 @@ class ShardApp:
             raise BadRequest(f"generation must be an integer >= 0, not {generation!r}")
         was_open = await self.close(shard, generation)
         return web.json_response({"shard": shard, "closed": True, "was_open": was_open})
+
+    async def _http_abort(self, request: web.Request) -> web.Response:
+        shard, body = await self._control(request)
+        was_open = self.abort(shard, _generation(body.get("generation")))
+        return web.json_response({"shard": shard, "aborted": True, "was_open": was_open})
+
+    async def _http_lease(self, request: web.Request) -> web.Response:
+        received = time.monotonic()
+        self._check_control(request)
+        body = await self._json_body(request, MAX_LEASE_BYTES)
+        entries = body.get("leases")
+        if not isinstance(entries, list):
+            raise BadRequest("the body must be {\"leases\": [{\"shard\", \"generation\", "
+                             "\"validity_ms\"}, ...]}")
+        parsed = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("shard"), int) \
+                    or isinstance(entry["shard"], bool):
+                raise BadRequest(f"a lease entry needs an integer shard: {entry!r:.100}")
+            self._check_shard(entry["shard"])
+            parsed.append((entry["shard"], _generation(entry.get("generation")),
+                           _validity_ms(entry.get("validity_ms"))))
+        taken = []
+        for shard, generation, ms in parsed:
+            until = received + ms / 1000
+            if self.extend(shard, generation, until):
+                taken.append(shard)
+                self._record("lease", shard, generation, until=self.valid_until[shard][1])
+        self.stats["lease_calls"] += 1
+        return web.json_response({"extended": taken,
+                                  "ignored": sorted({s for s, _, _ in parsed} - set(taken))})
+
+    async def _http_history(self, _: web.Request) -> web.Response:
+        return web.json_response({"enforced": self.enforce_validity, "now": time.monotonic(),
+                                  "events": list(self.history)})
 
     async def _http_shards(self, _: web.Request) -> web.Response:
         return web.json_response(self.describe())
@@ -697,6 +850,18 @@ class ShardApp:
 
     async def _http_healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
+
+
+def _generation(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"generation must be an integer >= 0, not {value!r:.50}")
+    return value
+
+
+def _validity_ms(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"validity_ms must be an integer >= 0, not {value!r:.50}")
+    return value
 
 
 def _key(request: web.Request) -> str:
@@ -737,7 +902,7 @@ async def _errors_middleware(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m shardlease.examples.shardapp",
+        prog="python -m shardlease_examples.shardapp",
         description="Example sharded key-value app, fenced by the shardlease generation.")
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (8080)")
     parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (0.0.0.0)")
@@ -753,6 +918,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(e.g. http://127.0.0.1:8470)")
     parser.add_argument("--allow-remote-control", action="store_true",
                         help="accept open/close from other hosts than loopback")
+    parser.add_argument("--ignore-validity", action="store_true",
+                        help="do not keep the agent's deadlines (act on a shard until told "
+                             "to close it or fenced by the storage): for comparison only")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"))
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
@@ -778,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         objects = ShardObjects.from_url(args.store)
         app = ShardApp(objects, args.shards, agent_url=(args.agent or "").rstrip("/") or None,
-                       allow_remote_control=args.allow_remote_control)
+                       allow_remote_control=args.allow_remote_control,
+                       enforce_validity=not args.ignore_validity)
     except ConfigError as e:
         print(f"shardapp: error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """A client of the example app: write keys through whichever instance owns them,
 then read them back.
 
-    python -m shardlease.examples.shardclient write  --apps URL[,URL...] --count 200
-    python -m shardlease.examples.shardclient verify --apps URL[,URL...] --count 200
+    python -m shardlease_examples.shardclient write  --apps URL[,URL...] --count 200
+    python -m shardlease_examples.shardclient verify --apps URL[,URL...] --count 200
 
 Each key goes first to the instance that last accepted its shard, then to the
 others: a 421 (shard not open there) or a 409 (fenced) sends it on; a shard
@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shardlease.examples.shardclient",
+    parser = argparse.ArgumentParser(prog="python -m shardlease_examples.shardclient",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("write", "verify"))
     parser.add_argument("--apps", required=True, help="comma-separated base URLs of the app")

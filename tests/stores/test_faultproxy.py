@@ -1,0 +1,179 @@
+"""The fault-injecting S3 proxy (`shardlease.faultproxy`): transparent when
+it injects nothing (the whole store contract passes through it, on MinIO),
+and each fault does what it says: latency on the kinds chosen, 503 SlowDown
+answers that the S3 store reports as such, a request its client abandoned
+still carried out, faults changed while requests run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from shardlease.errors import StoreError
+from shardlease.faultproxy import FaultProxy, Faults, request_kind
+from shardlease.sim.fakes import StrictHost
+from shardlease.stores.base import LeaseStore
+from shardlease.stores.memory import MemoryBackend, MemoryStore
+from shardlease.stores.s3 import S3Store
+from tests.stores import test_s3
+from tests.support.s3server import S3Server
+
+from .contract import CLUSTER, MakeStore, make_heartbeat, make_lease
+
+pytest_plugins = ["tests.support.s3server"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def proxy(s3_server: S3Server) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(s3_server.endpoint, seed=0)
+    await proxy.start()
+    yield proxy
+    await proxy.aclose()
+
+
+async def eventually(ok: Callable[[], bool]) -> None:
+    """Poll another thread's or server's state (no event to wait on)."""
+    async with asyncio.timeout(60):
+        while not ok():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+def proxied(proxy: FaultProxy, bucket: str) -> S3Store:
+    return S3Store(bucket, test_s3.PREFIX, endpoint_url=proxy.endpoint, path_style=True)
+
+
+class TestS3StoreThroughTheProxy(test_s3.TestS3StoreOnMinIO):
+    """The store contract on MinIO, every request of the store under test
+    through the proxy (with no fault): signatures, conditions, ETags, ranges
+    and error answers all arrive as the server sent them."""
+
+    @pytest.fixture
+    async def store(self, proxy: FaultProxy, s3_bucket: str) -> AsyncIterator[LeaseStore]:
+        store = proxied(proxy, s3_bucket)
+        yield store
+        await store.aclose()
+
+    @pytest.fixture
+    async def make_second_store(self, proxy: FaultProxy,
+                                s3_bucket: str) -> AsyncIterator[MakeStore]:
+        opened: list[S3Store] = []
+
+        async def make() -> LeaseStore:
+            opened.append(proxied(proxy, s3_bucket))
+            return opened[-1]
+        yield make
+        for store in opened:
+            await store.aclose()
+
+
+@pytest.fixture
+async def store(proxy: FaultProxy, s3_bucket: str) -> AsyncIterator[S3Store]:
+    store = proxied(proxy, s3_bucket)
+    yield store
+    await store.aclose()
+
+
+def test_requests_are_told_apart_by_kind() -> None:
+    assert request_kind("GET", "/b", "list-type=2&prefix=x") == "list"
+    assert request_kind("GET", "/b/sl/c/leases/3", "") == "get"
+    assert request_kind("HEAD", "/b/sl/c/leases/3", "") == "head"
+    assert request_kind("PUT", "/b/sl/c/leases/3", "") == "put-lease"
+    assert request_kind("PUT", "/b/sl/c/heartbeats/n0", "") == "put-heartbeat"
+    assert request_kind("PUT", "/b/sl/.shardlease-probe/x", "") == "put"
+    assert request_kind("DELETE", "/b/sl/c/heartbeats/n0", "") == "delete"
+    with pytest.raises(ValueError):
+        Faults(error_rate=1.5)
+
+
+async def test_every_request_is_counted_by_kind(proxy: FaultProxy, store: S3Store) -> None:
+    version = await store.create_lease(make_lease(0))
+    await store.update_lease(make_lease(0, generation=2), version)
+    await store.put_heartbeat(make_heartbeat("n0"))
+    store.requests.clear()
+    before = proxy.counts()
+    await store.list_leases(CLUSTER)
+    await store.get_lease(CLUSTER, 0)
+    await store.list_heartbeats(CLUSTER)
+    seen = proxy.counts() - before
+    # The store counts its own HTTP requests: the proxy saw each of them.
+    assert sum(seen.values()) == sum(store.requests.values())
+    assert seen == {"list": 2, "get": 1}
+    assert proxy.counts()["put-lease"] == 2 and proxy.counts()["put-heartbeat"] == 1
+
+
+async def test_slowdown_answers_are_s3_throttling_retried_then_reported(
+        proxy: FaultProxy, store: S3Store) -> None:
+    proxy.set(Faults(error_rate=1.0))
+    with pytest.raises(StoreError, match="SlowDown") as failure:
+        await store.create_lease(make_lease(0))
+    assert "503" in str(failure.value)
+    # botocore retried the throttled request: every attempt was answered 503
+    # by the proxy, none reached the server.
+    assert proxy.counts()["slowdown"] == proxy.counts()["put-lease"] > 1
+    proxy.set(Faults())
+    await store.create_lease(make_lease(0))
+    assert (await store.get_lease(CLUSTER, 0)) is not None
+
+
+async def test_faults_hit_only_the_kinds_chosen(proxy: FaultProxy, store: S3Store) -> None:
+    proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put-heartbeat"})))
+    await store.create_lease(make_lease(0))  # not hit
+    assert (await store.list_leases(CLUSTER)).keys() == {0}
+    with pytest.raises(StoreError, match="SlowDown"):
+        await store.put_heartbeat(make_heartbeat("n0"))
+    assert proxy.counts()["slowdown"] == proxy.counts()["put-heartbeat"]
+
+
+async def test_a_request_its_client_abandoned_still_lands(proxy: FaultProxy,
+                                                          store: S3Store) -> None:
+    """As on S3, a write whose answer nobody waited for may be carried out:
+    the proxy forwards it anyway (the loop must cope with that)."""
+    await store.list_leases(CLUSTER)  # the client is connected
+    proxy.set(Faults(latency=1.0, kinds=frozenset({"put-lease"})))
+    writing = asyncio.create_task(store.create_lease(make_lease(0)))
+    await eventually(lambda: proxy.counts()["put-lease"] > 0)
+    writing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    proxy.set(Faults())  # for the requests to come; the one waiting keeps its latency
+    async with asyncio.timeout(60):
+        while await store.get_lease(CLUSTER, 0) is None:  # noqa: ASYNC110 (polls S3)
+            await asyncio.sleep(0.1)
+    await eventually(lambda: proxy.counts()["abandoned"] > 0)
+    assert proxy.counts()["put-lease"] == 1
+
+
+async def test_a_store_whose_caller_retries_makes_one_attempt_per_call(
+        proxy: FaultProxy, store: S3Store) -> None:
+    """The placement loop retries within its budgets: botocore's own retries
+    would pause rand(0, 1) s, then rand(0, 2) s after each 503 SlowDown, inside
+    one call, while a renewal's budget (1.5 s at a TTL of 3 s) runs out."""
+    await store.list_leases(CLUSTER)  # the client exists before the switch
+    store.retried_by_caller()
+    proxy.set(Faults(error_rate=1.0))
+    for shard in range(3):
+        with pytest.raises(StoreError, match="SlowDown"):
+            await store.create_lease(make_lease(shard))
+    assert proxy.counts()["put-lease"] == proxy.counts()["slowdown"] == 3
+    proxy.set(Faults())
+    await store.create_lease(make_lease(0))
+    assert (await store.get_lease(CLUSTER, 0)) is not None
+
+
+def test_the_placement_loop_has_its_store_leave_the_retries_to_it() -> None:
+    from shardlease.loop import PlacementLoop
+    from shardlease.options import Options
+
+    class Told(MemoryStore):
+        told = False
+
+        def retried_by_caller(self) -> None:
+            self.told = True
+
+    store = Told(MemoryBackend())
+    PlacementLoop(store, StrictHost(), Options.make(shards=1, name="a", cluster_name="c"))
+    assert store.told

@@ -1,0 +1,35 @@
+"""The fault-injecting S3 proxy (`shardlease.faultproxy`) as test fixtures.
+
+Use from a test module with::
+
+    pytest_plugins = ["tests.support.s3server", "tests.support.faultproxy"]
+
+- `fault_proxy` (function): a factory, ``fault_proxy(upstream_endpoint)``,
+  returning a started `ProxyThread` (the proxy in a thread of its own, so
+  that sync tests driving node processes can change its faults at run time
+  with ``proxy.set(Faults(...))`` and read ``proxy.counts()``). One proxy per
+  node targets that node alone. Every proxy made is stopped after the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+
+from shardlease.faultproxy import Faults, ProxyThread
+
+__all__ = ["Faults", "MakeProxy", "ProxyThread", "fault_proxy"]
+
+MakeProxy = Callable[..., ProxyThread]
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[MakeProxy]:
+    with ExitStack() as stack:
+
+        def make(upstream: str, *, seed: int | None = 0) -> ProxyThread:
+            return stack.enter_context(ProxyThread(upstream, seed=seed))
+
+        yield make

@@ -1,0 +1,145 @@
+"""Node-mode renewal (one epoch record per node renews every lease it holds):
+the real loop and runner, a scripted memory store and a strict fake host, in
+virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shardlease.records import Lease
+from shardlease.stores.memory import MemoryBackend
+from shardlease.telemetry import Claim, EpochEnded, RenewSlow, SelfFence
+
+from .test_loop import CLUSTER, Node, idle, lease, virtual
+
+
+def node(name: str, backend: MemoryBackend, **options: Any) -> Node:
+    return Node(name, backend, renewal="node", **options)
+
+
+def leases(backend: MemoryBackend, shards: int) -> list[Lease | None]:
+    return [lease(backend, s) for s in range(shards)]
+
+
+def writes(n: Node, method: str, t0: float, t1: float) -> int:
+    return sum(1 for t, m in n.store.calls if m == method and t0 <= t < t1)
+
+
+@virtual
+async def test_in_steady_state_one_epoch_write_renews_every_lease() -> None:
+    backend = MemoryBackend()
+    a, b = node("a", backend, shards=64).start(), node("b", backend, shards=64).start()
+    await asyncio.sleep(30)
+    assert len(a.opened()) + len(b.opened()) == 64 and a.opened().isdisjoint(b.opened())
+    assert all(rec is not None and rec.renewal == "node" for rec in leases(backend, 64))
+    # Over 4 intervals (20 s), nothing moves: no lease is written at all...
+    start = asyncio.get_running_loop().time()
+    await asyncio.sleep(20)
+    for n in (a, b):
+        assert writes(n, "update_lease", start, start + 20) == 0
+        assert writes(n, "create_lease", start, start + 20) == 0
+        # ...and each node writes its epoch once per interval, each time
+        # moving every deadline it holds.
+        assert writes(n, "update_epoch", start, start + 20) == 4
+        deadlines = {n.loop.runner.deadline(s) for s in n.opened()}
+        assert len(deadlines) == 1 and deadlines.pop() is not None
+    assert a.of(SelfFence) == b.of(SelfFence) == []
+    await a.stop()
+    await b.stop()
+
+
+async def requests_per_interval(shards: int) -> float:
+    backend = MemoryBackend()
+    nodes = [node(f"n{k}", backend, shards=shards).start() for k in range(4)]
+    await asyncio.sleep(40)
+    start = asyncio.get_running_loop().time()
+    await asyncio.sleep(20)
+    counts = [sum(1 for t, _ in n.store.calls if start <= t < start + 20) for n in nodes]
+    for n in nodes:
+        await n.stop()
+    return sum(counts) / len(counts) / 4
+
+
+@virtual
+async def test_store_requests_do_not_grow_with_the_shard_count() -> None:
+    small, large = await requests_per_interval(16), await requests_per_interval(512)
+    # A heartbeat listing, an epoch listing, a lease listing and an epoch write.
+    assert small == large == 4.0
+
+
+@virtual
+async def test_a_silent_node_is_taken_over_only_after_its_epoch_is_ended() -> None:
+    backend = MemoryBackend()
+    a = node("a", backend, shards=4).start()
+    await asyncio.sleep(12)
+    assert a.opened() == {0, 1, 2, 3}
+    b = node("b", backend, shards=4).start()
+    await asyncio.sleep(12)
+    assert len(b.opened()) == 2
+    # a goes silent: neither its renewals nor its frees land.
+    a.store.broken |= {"update_epoch", "update_lease"}
+    cut = asyncio.get_running_loop().time()
+    await asyncio.sleep(30)
+    fenced = [t for t, ev in a.of(SelfFence)]
+    warned = [t for t, ev in a.of(RenewSlow)]
+    ended = [(t, ev) for t, ev in b.of(EpochEnded)]
+    assert warned and fenced and warned[0] < fenced[0]
+    assert len(ended) == 1 and ended[0][1].owner == "a"
+    # b ended a's epoch only after a had fenced itself, and claimed only after.
+    claims = [t for t, ev in b.of(Claim) if t > cut]
+    assert fenced[0] < ended[0][0] <= min(claims)
+    assert b.opened() == {0, 1, 2, 3}
+    # a's next epoch write is refused: it learns, and comes back with a new epoch.
+    a.store.broken.clear()
+    await asyncio.sleep(30)
+    assert [ev.owner for _, ev in a.of(EpochEnded)] == ["a"]
+    assert len(a.opened()) == 2 and len(b.opened()) == 2
+    assert {rec.incarnation for rec in leases(backend, 4) if rec and rec.owner == "a"} \
+        == {a.loop.epoch}
+    await a.stop()
+    await b.stop()
+
+
+@virtual
+async def test_a_stale_view_cannot_end_a_live_epoch() -> None:
+    backend = MemoryBackend()
+    a = node("a", backend, shards=2).start()
+    await asyncio.sleep(12)
+    b = node("b", backend, shards=2).start()
+    await asyncio.sleep(12)
+    assert len(a.opened()) == len(b.opened()) == 1
+    # b's epoch listings freeze (a lagging cache), and b believes a is gone:
+    # it sees a's epoch unchanged for a TTL, while a renews it all along.
+    frozen = await b.store.list_epochs(CLUSTER)
+
+    async def stale(cluster: str) -> dict[tuple[str, str], str]:
+        return dict(frozen)
+
+    b.store.list_epochs = stale  # type: ignore[method-assign]
+    b.loop.peers = lambda: ["b"]
+    before = dict(a.host.open_now)
+    await asyncio.sleep(40)
+    assert a.of(EpochEnded) == [] and b.of(EpochEnded) == []
+    assert a.of(SelfFence) == []
+    assert a.host.open_now == before
+    await a.stop()
+    await b.stop()
+
+
+@virtual
+async def test_a_graceful_stop_hands_its_leases_over_and_removes_its_epoch() -> None:
+    backend = MemoryBackend()
+    a, b = node("a", backend, shards=8).start(), node("b", backend, shards=8).start()
+    await asyncio.sleep(30)
+    assert len(a.opened()) == len(b.opened()) == 4
+    stopping = asyncio.create_task(a.stop())
+    await stopping
+    assert not any(n == "a" for (c, n, _) in backend.epochs if c == CLUSTER)
+    assert all(rec is None or rec.owner != "a" for rec in leases(backend, 8))
+    await asyncio.sleep(6)  # one interval later, b holds everything
+    assert b.opened() == set(range(8))
+    assert b.of(SelfFence) == []
+    await idle()
+    await b.stop()
+    assert not backend.epochs
