@@ -334,3 +334,36 @@ async def test_max_concurrency_resizes_the_open_slots_in_use() -> None:
     assert closes(a) == []
     await a.stop()
 
+
+@virtual
+async def test_node_mode_keeps_the_epochs_ttl_and_pace_and_closes_nothing() -> None:
+    backend = MemoryBackend()
+    a, b = pair(backend, 8, renewal="node")  # ttl 15, interval 5, margin 2.5
+    a.start()
+    await asyncio.sleep(0.5)
+    b.start()
+    await asyncio.sleep(32)
+    held = {n.name: n.opened() for n in (a, b)}
+    assert len(held["a"]) == len(held["b"]) == 4
+    t0 = now()
+    # A margin the epoch's TTL (15 s) cannot hold at its pace (5 s) is refused.
+    with pytest.raises(ConfigError, match="epoch keeps its lease TTL"):
+        reconfigure(a, lease_ttl=45.0, interval=5.0, margin=10.0)
+    for n in (a, b):
+        with pytest.raises(ConfigError, match="renewal cannot change in place"):
+            n.loop.reconfigure(changed(n, renewal="shard"))
+        reconfigure(n, lease_ttl=45.0, max_concurrency=4)  # interval 15, margin 7.5
+    await asyncio.sleep(60)
+    for n in (a, b):
+        assert n.opened() == held[n.name]
+        assert closes(n, t0) == [] and opens(n, t0) == []
+        assert n.of(Lost) == [] and n.of(SelfFence) == [] and n.of(Release) == []
+        # The epoch keeps its TTL of 15 s, so its writes keep the pace of 5 s.
+        beats = [t for t, m in n.store.calls if m == "update_epoch" and t >= t0 + 5]
+        assert gaps(beats) == {5.0}
+        # Rounds take the new pace.
+        assert gaps([t - ev.duration for t, ev in n.of(Round) if t >= t0 + 15]) == {15.0}
+    assert {getattr(lease(backend, s), "ttl", None) for s in range(8)} == {15.0}
+    await a.stop()
+    await b.stop()
+

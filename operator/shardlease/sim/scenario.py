@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlease.errors import ConfigError
 from shardlease.options import Options
 from shardlease.records import Renewal
 from shardlease.sim.check import (
@@ -232,8 +233,12 @@ async def _scenario(
                 targets = [n for n in world.live_nodes() if only in (None, n.name)]
                 for n in targets:
                     new = Options.model_validate({**n.loop.options.model_dump(), **dict(changes)})
+                    try:
+                        n.loop.reconfigure(new)
+                    except ConfigError as e:  # (node mode: a margin its epoch cannot hold)
+                        world.record(n.label, "reconfigure_refused", detail=str(e))
+                        continue
                     margins.append(new.margin_s)
-                    n.loop.reconfigure(new)
                     world.record(n.label, "reconfigure", detail=repr(dict(changes)))
 
     last = max([a[0] for a in actions] + [fault_end(f) for f in faults] + [0.0])
