@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlease.hosts.http import HttpHost
+from shardlease.hosts.http import ABORT_TIMEOUT, HttpHost
 from shardlease.k8s.agent import Agent, spec_changes
 from shardlease.k8s.spec import ShardSetSpec
 from shardlease.options import Options
@@ -38,6 +38,9 @@ async def test_a_change_is_applied_in_place_and_named() -> None:
     assert (options.name, options.cluster_name) == ("db-0", "db")
     assert host.base_url == "http://127.0.0.1:9090"
     assert host.timeouts["open"].total == 5.0 and host.timeouts["close"].total == 60.0
+    # The other calls' bounds are the host's own, and stay.
+    assert host.timeouts["abort"].total == ABORT_TIMEOUT
+    assert host.timeouts["lease"].total is None
     assert spec_changes(spec(), new) == [
         "shards 4 -> 6", "leaseTTL 15.0 -> 30.0", "host.url http://127.0.0.1:8080 -> "
         "http://127.0.0.1:9090", "host.openTimeout None -> 5.0"]

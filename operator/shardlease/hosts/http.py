@@ -84,7 +84,7 @@ class HttpHost:
         (the agent applies a ShardSet change in place; a call running keeps
         the URL and timeout it started with)."""
         self.base_url = base_url.rstrip("/")
-        self.timeouts = {"open": aiohttp.ClientTimeout(total=open_timeout),
+        self.timeouts = {**self.timeouts, "open": aiohttp.ClientTimeout(total=open_timeout),
                          "close": aiohttp.ClientTimeout(total=close_timeout)}
 
     def _client(self) -> aiohttp.ClientSession:
