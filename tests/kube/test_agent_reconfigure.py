@@ -47,10 +47,13 @@ async def test_a_change_is_applied_in_place_and_named() -> None:
     await host.aclose()
 
 
-async def test_a_store_change_restarts_and_an_incoherent_one_is_not_applied() -> None:
+async def test_a_store_or_renewal_change_restarts_and_an_incoherent_one_is_not_applied(
+        ) -> None:
     agent = Agent(namespace="ns", shardset="db", pod_name="db-0", host_url="http://h:1")
     loop, host = Loop(), HttpHost("http://h:1")
     agent.spec = spec(store="s3://bucket/prefix", leaseTTL=30.0)
+    assert await agent._apply_in_place(loop, host, spec()) is None  # type: ignore[arg-type]
+    agent.spec = spec(renewal="node")
     assert await agent._apply_in_place(loop, host, spec()) is None  # type: ignore[arg-type]
     current = spec()
     agent.spec = spec(leaseTTL=6.0, interval=5.0)  # interval >= ttl - margin

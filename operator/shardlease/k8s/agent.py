@@ -6,8 +6,8 @@ object to remember progress. The placement loop runs beside kopf in a task
 the agent supervises. A spec change is applied in place (`leaseTTL`,
 `interval`, `margin`, `maxConcurrency`, `shards`, the host's URL and
 timeouts: `PlacementLoop.reconfigure`, no shard closed but those a smaller
-`shards` leaves out); only a change of `store` restarts the loop gracefully
-(every shard closed, every lease freed, then taken again from the new store).
+`shards` leaves out); only a change of `store` or `renewal` restarts the loop
+gracefully (every shard closed, every lease freed, then taken again).
 A store that is unreachable at start is retried with a Warning Event, never a
 silent crash.
 
@@ -317,7 +317,7 @@ class Agent:
                 why = "stopping" if self._stopping.is_set() else \
                     "draining" if self._resume is not None else \
                     "the ShardSet was deleted" if self.spec is None else \
-                    "the ShardSet's store changed (a restart of the loop)"
+                    "the ShardSet's store or renewal changed (a restart of the loop)"
                 logger.info("%s: closing every shard and freeing its lease", why)
                 await loop.stop()
             try:
@@ -343,8 +343,8 @@ class Agent:
         """The ShardSet changed (or the agent is told to stop or drain): apply
         the new spec to the running loop and host, and return it; None when
         the loop must stop instead (stopping, draining, the ShardSet deleted,
-        or its store changed: the leases are elsewhere, so every shard is
-        closed and taken again from the new store)."""
+        its store changed: the leases are elsewhere, so every shard is closed
+        and taken again from the new store; or its renewal mode changed)."""
         self._changed.clear()
         new = self.spec
         if self._stopping.is_set() or self._resume is not None or new is None:
@@ -352,6 +352,11 @@ class Agent:
         if new.store != current.store:
             logger.warning("the ShardSet's store changed (%s -> %s): restarting the placement "
                            "loop, which closes every shard on this pod", current.store, new.store)
+            return None
+        if new.renewal != current.renewal:
+            logger.warning("the ShardSet's renewal changed (%s -> %s): restarting the placement "
+                           "loop, which closes every shard on this pod", current.renewal,
+                           new.renewal)
             return None
         changes = spec_changes(current, new)
         if self.host_url:  # --host-url wins over the spec's
