@@ -182,13 +182,15 @@ def bench_rounds(quick: bool) -> None:
 
 
 def bench_scale(quick: bool) -> None:
+    from shardlease.records import Renewal
     from shardlease.sim import Crash, Join, Leave, run_scenario
 
     # Shard mode makes every node write every lease it holds each round: at
     # 10,000 shards the simulation itself takes most of an hour, so it is
     # shown a size smaller.
-    runs = ((("shard", 20, 1000), ("node", 20, 1000)) if quick else
-            (("shard", 100, 1000), ("node", 100, 10_000)))
+    runs: tuple[tuple[Renewal, int, int], ...] = (
+        (("shard", 20, 1000), ("node", 20, 1000)) if quick else
+        (("shard", 100, 1000), ("node", 100, 10_000)))
     say("== rounds to balance at scale (simulation: real loops on virtual time, memory store, "
         "lease TTL 15s; the nodes start together, then one joins, one leaves, one crashes) ==")
     for renewal, nodes, shards in runs:

@@ -32,6 +32,10 @@ CALL_BUDGET = 0.95
 #: First pause before retrying a failed store call, as a share of the interval
 #: (doubling, with jitter, within the call's budget).
 RETRY_FIRST = 0.05
+#: Longest pause between two tries, as a share of the interval: doubling
+#: without a cap leaves a renewal, whose budget runs to the deadline, a handful
+#: of tries, and 30% failing calls then fence a shard now and then.
+RETRY_MAX = 0.25
 
 
 class Calls:
@@ -80,7 +84,7 @@ class Calls:
                 if self.clock.monotonic() + wait >= end:
                     raise
             await asyncio.sleep(wait)
-            pause *= 2
+            pause = min(pause * 2, RETRY_MAX * self.interval)
 
     async def joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` within the budget, retried; past it the caller stops
@@ -106,7 +110,7 @@ class Calls:
                 if self.clock.monotonic() + wait >= end:
                     raise
             await asyncio.sleep(wait)
-            pause *= 2
+            pause = min(pause * 2, RETRY_MAX * self.interval)
 
     async def _capped(self, call: Callable[[], Awaitable[T]]) -> T:
         ttl = self.ttl

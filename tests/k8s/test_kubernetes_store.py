@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from shardlease.errors import ConfigError, Conflict, StoreError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
-from shardlease.records import Heartbeat, Lease, Stored
+from shardlease.records import Epoch, Heartbeat, Lease, Stored
 from shardlease.sim.fakes import StrictHost
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
@@ -159,6 +159,28 @@ class Settling(LeaseStore):
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
         await self.inner.delete_heartbeat(cluster, node)
+        await self._settled()
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        return await self.inner.list_epochs(cluster)
+
+    async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
+        return await self.inner.get_epoch(cluster, node, epoch)
+
+    async def create_epoch(self, record: Epoch) -> str:
+        try:
+            return await self.inner.create_epoch(record)
+        finally:
+            await self._settled()
+
+    async def update_epoch(self, record: Epoch, version: str) -> str:
+        try:
+            return await self.inner.update_epoch(record, version)
+        finally:
+            await self._settled()
+
+    async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
+        await self.inner.delete_epoch(cluster, node, epoch)
         await self._settled()
 
 

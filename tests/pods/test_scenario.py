@@ -131,7 +131,8 @@ def minio() -> Iterator[Minio]:
 # -- the application ---------------------------------------------------------------------
 
 
-def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3) -> dict[str, Any]:
+def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3,
+                    renewal: str = "shard") -> dict[str, Any]:
     labels = {"app.kubernetes.io/name": "shardapp"}
     store = f"s3://{minio.bucket}/{ns}?endpoint={minio.endpoint}&path_style=true"
     # Liveness fails while /var/tmp/sick exists; the file is in the container's
@@ -140,7 +141,8 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3) -> di
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "shardapp", "namespace": ns, "labels": labels, "annotations": {
-            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL)}},
+            "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL),
+            "shardlease.io/renewal": renewal}},
         "spec": {
             "replicas": replicas, "serviceName": "shardapp", "podManagementPolicy": policy,
             "selector": {"matchLabels": labels},
@@ -342,13 +344,16 @@ def container_pid(container_id: str, needle: str) -> int:
 # -- the scenario ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["Parallel", "OrderedReady"])
-def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: str) -> None:
+# Both pod management policies, and both renewal modes (docs/renewal.md).
+@pytest.mark.parametrize(("policy", "renewal"), [("Parallel", "shard"),
+                                                 ("OrderedReady", "node")])
+def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: str,
+                                      renewal: str) -> None:
     cluster = installed
     with fresh_namespace(cluster) as ns:
         app = App(cluster, ns)
         try:
-            scenario(cluster, app, ns, policy, minio)
+            scenario(cluster, app, ns, policy, minio, renewal)
         except BaseException:
             print(cluster.kubectl("get", "pods,shardsets,events", "-n", ns, "-o", "wide",
                                   check=False).stdout)
@@ -362,10 +367,13 @@ def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: 
             raise
 
 
-def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio) -> None:
+def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
+             renewal: str = "shard") -> None:
     cluster.kubectl("create", "serviceaccount", "shardapp", "-n", ns)
     t0 = time.monotonic()
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(app_statefulset(ns, policy, minio)))
+    cluster.kubectl("apply", "-f", "-",
+                    input=json.dumps(app_statefulset(ns, policy, minio, renewal=renewal)))
+    policy = f"{policy}, {renewal} renewal"  # (the figures' label)
 
     # -- opt in: injection, Ready agents, Balanced, kubectl's view ---------------------
     with Sampler(app) as sampler:

