@@ -41,13 +41,19 @@ RETRY_MAX = 0.25
 class Calls:
     def __init__(self, *, interval: float, ttl: float, clock: Clock,
                  rng: random.Random) -> None:
-        self.interval = interval
-        self.ttl = ttl
         self.clock = clock
         self.rng = rng
+        self.configure(interval=interval, ttl=ttl)
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
+
+    def configure(self, *, interval: float, ttl: float) -> None:
+        """New budgets, for the calls that start from now on (a call running
+        keeps the budget it started with, and a joined call the TTL cap it
+        started with)."""
+        self.interval = interval
+        self.ttl = ttl
         #: Seconds a call (with its retries) may take before it is abandoned.
         self.budget = CALL_BUDGET * interval
-        self._inflight: dict[str, asyncio.Task[Any]] = {}
 
     def in_flight(self) -> list[asyncio.Task[Any]]:
         """The joined calls still running (for the loop to cancel at its end)."""
@@ -83,7 +89,8 @@ class Calls:
     async def joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` within the budget, retried; past it the caller stops
         waiting, and the next caller with the same `key` joins the call."""
-        end = self.clock.monotonic() + self.budget
+        budget = self.budget
+        end = self.clock.monotonic() + budget
         pause = RETRY_FIRST * self.interval
         while True:
             task: asyncio.Task[T] | None = self._inflight.get(key)
@@ -97,7 +104,7 @@ class Calls:
             try:
                 return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
             except TimeoutError:
-                raise StoreError(f"{what}: no answer within {self.budget:.3g}s") from None
+                raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
             except StoreError:
                 wait = pause * self.rng.uniform(0.5, 1.5)
                 if self.clock.monotonic() + wait >= end:
@@ -106,11 +113,12 @@ class Calls:
             pause = min(pause * 2, RETRY_MAX * self.interval)
 
     async def _capped(self, call: Callable[[], Awaitable[T]]) -> T:
+        ttl = self.ttl
         try:
-            async with asyncio.timeout(self.ttl):
+            async with asyncio.timeout(ttl):
                 return await call()
         except TimeoutError:
-            raise StoreError(f"no answer within a lease TTL ({self.ttl:g}s)") from None
+            raise StoreError(f"no answer within a lease TTL ({ttl:g}s)") from None
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -83,7 +83,7 @@ from typing import Any
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
-from shardlease.errors import Conflict, EngineError, RunnerDied, StoreError
+from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
 from shardlease.records import Epoch, Heartbeat, Lease, Stored, new_write_id
@@ -285,6 +285,11 @@ class PlacementLoop:
         self._strays = True  # leases of ours not held may remain (unknown until a read)
         self._stopping = False
         self._wake = asyncio.Event()
+        #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
+        self._reconfigured = asyncio.Event()
+        #: The shortest interval of the options before `reconfigure()`: the
+        #: renewal pace while a held record still carries another TTL.
+        self._earlier_pace = math.inf
         self._tasks: set[asyncio.Task[None]] = set()
         #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
         self.calls = Calls(interval=options.interval_s, ttl=options.lease_ttl,
@@ -308,7 +313,7 @@ class PlacementLoop:
     def lookup(self, shard: int) -> str | None:
         """The owner of `shard` from the last good read, if it is a known peer
         (or this node). Lease data alone never makes a routing target."""
-        owner = self._owners.get(shard)
+        owner = self._owners.get(shard) if shard < self.options.shards else None
         if owner is None or owner.owner is None:
             return None
         if owner.owner == self.name or owner.owner in set(self.peers()):
@@ -318,6 +323,115 @@ class PlacementLoop:
     def owners(self) -> list[Owner]:
         """Every shard's owner and generation from the last good read."""
         return [self._owners.get(s, Owner(s, None, 0)) for s in range(self.options.shards)]
+
+    def reconfigure(self, options: Options) -> None:
+        """Apply new options in place: no shard is closed, no lease given up,
+        except the shards a smaller `shards` leaves out.
+
+        - `name` and `cluster_name` cannot change (raises `ConfigError`): they
+          are who this node is in every record; that needs a new loop. Nor
+          can `renewal` (the mode decides which tasks run).
+        - `interval`: each schedule (heartbeats, renewals, rounds) is woken and
+          takes the new pace from its next sleep; a round starts at once.
+          Renewals keep the old pace if it is faster while any held record
+          still carries the old TTL (`_renew_pace`): the deadlines those
+          records gave were made for it.
+        - `lease_ttl` and `margin`: see below; store calls get the new budgets
+          from their next start (`Calls.configure`).
+        - `max_concurrency`, `open_timeout`, `close_timeout`: the runner's,
+          for the opens and closes that start from now on.
+        - `shards`: held shards at or above the new count are released the
+          usual way (the runner closes them, then the lease is freed); shards
+          new to the count become claimable; `lookup()` and `owners()` use
+          the new count at once.
+
+        Why a TTL or margin change is safe while leases are held. A lease's
+        expiry, in any observer's eyes, is at least the time its last write
+        was sent plus the TTL written *in that record*: observers date a
+        version from when they first saw it, and wait max(their own TTL, the
+        record's TTL) (`_claimable`). So this node's deadline for a shard is
+        always computed from the TTL the write that moved it carried
+        (`_deadline(sent, lease.ttl)`), never from the options of the moment:
+
+        - raising the TTL: records keep the old, shorter TTL until a renewal
+          writes the new one, and only that renewal's answer moves the
+          deadline with it. A peer still on the old options reads the new
+          record and waits max(old, new): the longer one. Safe.
+        - lowering the TTL: peers still on the old options wait longer than
+          needed: safe. This node's deadlines were computed from records that
+          carry the old TTL, which every observer honours while they stand. A
+          renewal may land (unbeknown to this node: a lost answer) as soon as
+          it is sent, and observers then count its TTL from (at the earliest)
+          the sending; the shard's deadline, and the validity its host was
+          told (never past the deadline), must stay covered by that. So the
+          TTL comes down gradually (`_written_ttl`): a renewal sent at `sent`
+          writes at least `deadline - sent + margin`, never less than the
+          deadline it keeps needs; each renewal goes down by about an interval
+          until the new TTL is reached. No deadline ever moves backwards.
+        - margin: a shard keeps the margin its deadline was computed with
+          (the runner judges a fenced close against deadline + that margin);
+          the new one applies from each shard's next renewal.
+
+        Node mode: an epoch keeps the TTL it started with for its life (its
+        leases carry it, and readers wait that), so a TTL change applies to the
+        next epoch; meanwhile epoch writes keep the faster of the old and new
+        paces (`_epoch_pace`), and a margin the epoch's TTL cannot hold with
+        that pace is refused (`ConfigError`): it would fence every shard.
+
+        Liveness by heartbeats uses the new TTL at once; a peer still beating
+        at an older, longer interval may look dead for a while, which costs
+        balance (a larger share here), never safety: only free or expired
+        leases are claimed.
+        """
+        old = self.options
+        for field_name in ("name", "cluster_name", "renewal"):
+            if getattr(options, field_name) != getattr(old, field_name):
+                raise ConfigError(
+                    f"{field_name} cannot change in place ({getattr(old, field_name)!r} -> "
+                    f"{getattr(options, field_name)!r}): start a new loop")
+        earlier = min(self._earlier_pace, old.interval_s)
+        if self.mode == "node" and self._epoch_ttl != options.lease_ttl:
+            pace = min(options.interval_s, earlier)
+            if options.margin_s + pace >= self._epoch_ttl:
+                raise ConfigError(
+                    f"margin {options.margin_s:g}s: the current epoch keeps its lease TTL "
+                    f"({self._epoch_ttl:g}s) until it ends, and renewing it every {pace:g}s "
+                    f"with that margin would fence every shard; keep margin + interval "
+                    f"below {self._epoch_ttl:g}s, or restart the node")
+        self.options = options
+        self._earlier_pace = earlier
+        self.calls.configure(interval=options.interval_s, ttl=options.lease_ttl)
+        self.runner.reconfigure(max_concurrency=options.max_concurrency,
+                                open_timeout=options.open_timeout,
+                                close_timeout=options.close_timeout,
+                                margin=options.margin_s, warn_ahead=options.interval_s / 2,
+                                extend_timeout=options.interval_s)
+        if options.shards < old.shards:
+            self._release_beyond()
+        changed = [f"{k} {getattr(old, k)} -> {getattr(options, k)}"
+                   for k in Options.model_fields if getattr(old, k) != getattr(options, k)]
+        if changed:
+            logger.info("options changed in place: %s", ", ".join(changed))
+        woken, self._reconfigured = self._reconfigured, asyncio.Event()
+        woken.set()
+        self._wake.set()
+
+    def _release_beyond(self) -> None:
+        """Release the held shards at or above the shard count (it shrank, or
+        a claim in flight when it did landed since)."""
+        for shard, held in self.held.items():
+            if shard >= self.options.shards and held.phase is Phase.HELD:
+                held.phase = Phase.RELEASING
+                self.runner.stop(shard, Reason.SHUTDOWN if self._stopping else Reason.RELEASE)
+
+    async def _pause(self, due: Callable[[], float]) -> None:
+        """Sleep until the monotonic time `due()`, computed again whenever
+        `reconfigure()` changes the options (a new interval)."""
+        while (left := due() - self.clock.monotonic()) > 0:
+            reconfigured = self._reconfigured
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await reconfigured.wait()
 
     def live_nodes(self) -> set[str]:
         return set(self._live)
@@ -428,8 +542,22 @@ class PlacementLoop:
         while not self._epoch_retired:
             started = self.clock.monotonic()
             ok = await self._beat_epoch()
-            delay = self.options.interval_s if ok else self.options.interval_s / 2
-            await asyncio.sleep(max(0.0, started + delay - self.clock.monotonic()))
+
+            def due(ok: bool = ok, started: float = started) -> float:
+                pace = self._epoch_pace()
+                return started + (pace if ok else pace / 2)
+
+            await self._pause(due)
+
+    def _epoch_pace(self) -> float:
+        """The interval between epoch writes: the options', unless the epoch
+        keeps a TTL from before `reconfigure()` (an epoch keeps its TTL for
+        its life: its leases say it), whose deadlines were made for the pace
+        of then: the faster of the two."""
+        pace = self.options.interval_s
+        if self._epoch_ttl != self.ttl:
+            pace = min(pace, self._earlier_pace)
+        return pace
 
     def _epoch_shards(self, epoch: str) -> list[int]:
         return [s for s, h in self.held.items()
@@ -513,11 +641,12 @@ class PlacementLoop:
                 if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
                         or not held.by_epoch or held.lease.incarnation != self.epoch:
                     return
-                lease = held.lease.model_copy(update={
-                    "renewal": "shard", "write_id": new_write_id(),
-                    "renewed_at": self.clock.wall(), "ttl": self.ttl})
                 sent = self.clock.monotonic()
                 deadline = self.runner.deadline(shard)
+                lease = held.lease.model_copy(update={
+                    "renewal": "shard", "write_id": new_write_id(),
+                    "renewed_at": self.clock.wall(),
+                    "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
                 try:
                     version = await self.calls.bounded(
                         f"hand-over of shard {shard}", lambda: self._write_held(held, lease),
@@ -530,7 +659,7 @@ class PlacementLoop:
                                    shard, e)
                     return
                 held.lease, held.version = lease, version
-                self.runner.extend(shard, self._deadline(sent))
+                self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
 
@@ -677,8 +806,11 @@ class PlacementLoop:
         while not self._stopping:
             started = self.clock.monotonic()
             await self._heartbeat()
-            await asyncio.sleep(max(0.0, started + self.options.interval_s
-                                    - self.clock.monotonic()))
+
+            def due(started: float = started) -> float:
+                return started + self.options.interval_s
+
+            await self._pause(due)
 
     async def _heartbeat(self) -> None:
         async with self._hb_lock:
@@ -709,10 +841,27 @@ class PlacementLoop:
         while True:
             started = self.clock.monotonic()
             ok = await self._renew_all()
-            delay = self.options.interval_s if ok else self.options.interval_s / 2
-            if self._stopping:
-                delay = min(delay, self.options.interval_s / 4)
-            await asyncio.sleep(max(0.0, started + delay - self.clock.monotonic()))
+
+            def due(ok: bool = ok, started: float = started) -> float:
+                pace = self._renew_pace()
+                delay = pace if ok else pace / 2
+                if self._stopping:
+                    delay = min(delay, pace / 4)
+                return started + delay
+
+            await self._pause(due)
+
+    def _renew_pace(self) -> float:
+        """The interval between renewals: the options', unless a held lease's
+        record still carries a TTL from before `reconfigure()`. Its deadline
+        came from that TTL and the margin of then, made to be met at the pace
+        of then; so until a renewal wrote the new TTL, renew at the faster of
+        the two (say 15 s -> 45 s with the interval 5 s -> 15 s: the record
+        written at t with TTL 15 fences at t + 12.5, before t + 15)."""
+        pace = self.options.interval_s
+        if any(h.lease.ttl != self.ttl for h in self.held.values() if h.phase is not Phase.CLOSED):
+            pace = min(pace, self._earlier_pace)
+        return pace
 
     async def _renew_all(self) -> bool:
         """Renew (or, once closed, free) every held lease. False if any failed
@@ -746,15 +895,15 @@ class PlacementLoop:
         async with held.lock:
             if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
                 return
-            lease = held.lease.model_copy(update={"write_id": new_write_id(),
-                                                  "renewed_at": self.clock.wall(),
-                                                  "ttl": self.ttl})
             # Any attempt may be the one that lands (a lost answer): the
             # deadline counts from the first, the earliest an observer can
             # have seen this renewal.
             sent = self.clock.monotonic()
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
+            lease = held.lease.model_copy(update={
+                "write_id": new_write_id(), "renewed_at": self.clock.wall(),
+                "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
             try:
                 version = await self.calls.bounded(
                     f"renewal of shard {shard}", lambda: self._write_held(held, lease),
@@ -763,7 +912,7 @@ class PlacementLoop:
                 self._lost(shard)
                 return
             held.lease, held.version = lease, version
-            self.runner.extend(shard, self._deadline(sent))
+            self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
     async def _write_held(self, held: _Held, lease: Lease) -> str:
         """Compare-and-swap a lease this node holds. A conflict may be this
@@ -787,8 +936,21 @@ class PlacementLoop:
             held.version = current.version
         return await self.store.write_lease(lease, held.version)
 
-    def _deadline(self, sent: float) -> float:
-        return sent + self.ttl - self.options.margin_s
+    def _written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
+        """The TTL a renewal sent at `sent` writes over a record carrying
+        `current`, for a shard whose deadline is `deadline`: the options' TTL,
+        unless that is shorter than the record's (`reconfigure()` lowered it)
+        and would no longer cover the deadline once the write landed -- then
+        what still covers it (observers may count the new record's TTL from
+        `sent`; the deadline must stay a margin before that)."""
+        if self.ttl >= current or deadline is None:
+            return self.ttl
+        return min(current, max(self.ttl, deadline - sent + self.options.margin_s))
+
+    def _deadline(self, sent: float, ttl: float) -> float:
+        """The deadline a write sent at `sent` gives: `ttl` is the one it wrote
+        into the record (observers honour that one), not the options' now."""
+        return sent + ttl - self.options.margin_s
 
     def _lost(self, shard: int) -> None:
         logger.warning("lost the lease of shard %d: another node holds it", shard)
@@ -815,6 +977,7 @@ class PlacementLoop:
                 live.discard(self.name)
             self._live = live
         share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
+        self._release_beyond()
         self._release_excess(share)
         if leases is not None and self._stopping:
             await self._free_strays(leases)
@@ -1056,7 +1219,7 @@ class PlacementLoop:
         self._max_generation[shard] = generation
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
-        deadline = self._epoch_deadline if by_epoch else self._deadline(sent)
+        deadline = self._epoch_deadline if by_epoch else self._deadline(sent, lease.ttl)
         if self._stopping or deadline is None or (by_epoch and (
                 epoch != self.epoch or deadline <= self.clock.monotonic())):
             # Stopped (or the epoch ended, or its deadline passed: a slow

@@ -24,11 +24,17 @@ the shards stay collected for the next flush. The supervisor flushes too when
 a collected shard's told validity is about to run out (a slow renewal keeps
 the pass, and so its flush, from ending). When a fenced close is abandoned,
 the host is told to `abort` the shard, in a task of its own.
+
+`reconfigure()` changes the timeouts, the margin, the warning lead and the
+number of open slots while shards run. A shard keeps the margin its deadline
+was computed with (its lease's expiry is that deadline plus that margin), so
+a new margin applies from each shard's next claim or renewal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
@@ -77,6 +83,9 @@ class _Shard:
     shard: int
     generation: int
     deadline: float
+    #: The margin `deadline` was computed with: the lease's expiry, in this
+    #: node's eyes, is `deadline + margin` (None: unbounded).
+    margin: float | None = None
     state: State = State.WAITING
     reason: Reason | None = None
     warned: bool = False  # renew_slow reported for the current deadline
@@ -149,7 +158,7 @@ class Runner:
         self._extending: asyncio.Task[None] | None = None
         #: Abort calls in flight (best effort; awaited on the way out).
         self._aborting: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = _Slots(max_concurrency)
         self._shards: dict[int, _Shard] = {}
         self._wake = asyncio.Event()
         self._failed: BaseException | None = None
@@ -165,7 +174,29 @@ class Runner:
         new shard, since nothing would close it."""
         return self._failed is None and not self._ending
 
+    @property
+    def max_concurrency(self) -> int:
+        return self._slots.limit
+
     # -- the loop's side -------------------------------------------------------
+
+    def reconfigure(self, *, max_concurrency: int, open_timeout: float, close_timeout: float,
+                    margin: float | None, warn_ahead: float,
+                    extend_timeout: float | None = None) -> None:
+        """New options, in place, for the shards running and to come.
+
+        An open or close call already running keeps the timeout it started
+        with. A smaller `max_concurrency` lets the opens running finish and
+        starts no new one until fewer run; a larger one starts waiting opens
+        at once. The margin applies to deadlines given from now on (see
+        `_Shard.margin`): the deadlines given so far keep theirs."""
+        self.open_timeout = open_timeout
+        self.close_timeout = close_timeout
+        self.margin = margin
+        self.warn_ahead = warn_ahead
+        self.extend_timeout = extend_timeout
+        self._slots.resize(max_concurrency)
+        self._wake.set()  # the warnings' lead may have changed
 
     def start(self, shard: int, generation: int, deadline: float) -> None:
         """Open a shard just claimed (asynchronously)."""
@@ -173,7 +204,7 @@ class Runner:
             raise RunnerDied("the runner has stopped") from self._failed
         if shard in self._shards:
             raise EngineError(f"shard {shard} is already in the runner")
-        st = _Shard(shard, generation, deadline)
+        st = _Shard(shard, generation, deadline, self.margin)
         self._shards[shard] = st
         st.task = asyncio.create_task(self._drive(st), name=f"shardlease-shard-{shard}")
         st.task.add_done_callback(self._worker_done)
@@ -184,7 +215,7 @@ class Runner:
         shard already being fenced or closed)."""
         st = self._shards.get(shard)
         if st is not None and st.reason is not Reason.FENCED and deadline > st.deadline:
-            st.deadline = deadline
+            st.deadline, st.margin = deadline, self.margin
             st.warned = False
             if self.leased is not None:
                 self._moved.add(shard)
@@ -396,7 +427,7 @@ class Runner:
 
     def _expiry(self, st: _Shard) -> float:
         """When another node may take the shard's lease, as this node sees it."""
-        return math.inf if self.margin is None else st.deadline + self.margin
+        return math.inf if st.margin is None else st.deadline + st.margin
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failed is None:
@@ -605,3 +636,45 @@ class Runner:
         if self.on_closed is not None:
             self.on_closed(st.shard, reason)
         self._wake.set()
+
+
+class _Slots:
+    """The open slots: a semaphore whose size can change while it is in use
+    (`resize`). Waiters are served first come, first served; a waiter
+    cancelled once its slot was granted gives the slot back."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> None:
+        if self.used < self.limit and not self._waiters:
+            self.used += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted as it was cancelled
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self.used -= 1
+        self._grant()
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.used < self.limit and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.used += 1
+                waiter.set_result(None)

@@ -78,6 +78,15 @@ class HttpHost:
         self.generations: dict[int, int] = {}
         self._session: aiohttp.ClientSession | None = None
 
+    def configure(self, base_url: str, *, open_timeout: float | None = None,
+                  close_timeout: float | None = None) -> None:
+        """A new base URL and timeouts, for the calls that start from now on
+        (the agent applies a ShardSet change in place; a call running keeps
+        the URL and timeout it started with)."""
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = {**self.timeouts, "open": aiohttp.ClientTimeout(total=open_timeout),
+                         "close": aiohttp.ClientTimeout(total=close_timeout)}
+
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # No session-wide timeout: each call has its own (above).

@@ -3,8 +3,13 @@
 kopf watches this pod's ShardSet and the pods of the namespace (peer
 discovery) with stateless event handlers, so nothing is written onto any
 object to remember progress. The placement loop runs beside kopf in a task
-the agent supervises: a spec change restarts it gracefully, a store that is
-unreachable at start is retried with a Warning Event, never a silent crash.
+the agent supervises. A spec change is applied in place (`leaseTTL`,
+`interval`, `margin`, `maxConcurrency`, `shards`, the host's URL and
+timeouts: `PlacementLoop.reconfigure`, no shard closed but those a smaller
+`shards` leaves out); only a change of `store` or `renewal` restarts the loop
+gracefully (every shard closed, every lease freed, then taken again).
+A store that is unreachable at start is retried with a Warning Event, never a
+silent crash.
 
 SIGTERM (kopf's cleanup) or `/drain` (the application containers' preStop
 hook, injected by the operator) closes every shard and frees every lease
@@ -299,14 +304,20 @@ class Agent:
                                  telemetry=self.telemetry)
             self.loop = loop
             task = asyncio.create_task(loop.run(), name="shardlease-loop")
-            changed = asyncio.create_task(self._changed.wait())
-            try:
-                await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
+            applied: ShardSetSpec | None = spec
+            while applied is not None and not task.done():
+                changed = asyncio.create_task(self._changed.wait())
+                try:
+                    await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if not task.done():
+                    applied = await self._apply_in_place(loop, host, applied)
             if not task.done():
                 why = "stopping" if self._stopping.is_set() else \
-                    "draining" if self._resume is not None else "the ShardSet changed"
+                    "draining" if self._resume is not None else \
+                    "the ShardSet was deleted" if self.spec is None else \
+                    "the ShardSet's store or renewal changed (a restart of the loop)"
                 logger.info("%s: closing every shard and freeing its lease", why)
                 await loop.stop()
             try:
@@ -326,6 +337,46 @@ class Agent:
                     logger.warning("could not post the last events: %r", e)
             await store.aclose()
             await host.aclose()
+
+    async def _apply_in_place(self, loop: PlacementLoop, host: HttpHost,
+                              current: ShardSetSpec) -> ShardSetSpec | None:
+        """The ShardSet changed (or the agent is told to stop or drain): apply
+        the new spec to the running loop and host, and return it; None when
+        the loop must stop instead (stopping, draining, the ShardSet deleted,
+        its store changed: the leases are elsewhere, so every shard is closed
+        and taken again from the new store; or its renewal mode changed)."""
+        self._changed.clear()
+        new = self.spec
+        if self._stopping.is_set() or self._resume is not None or new is None:
+            return None
+        if new.store != current.store:
+            logger.warning("the ShardSet's store changed (%s -> %s): restarting the placement "
+                           "loop, which closes every shard on this pod", current.store, new.store)
+            return None
+        if new.renewal != current.renewal:
+            logger.warning("the ShardSet's renewal changed (%s -> %s): restarting the placement "
+                           "loop, which closes every shard on this pod", current.renewal,
+                           new.renewal)
+            return None
+        changes = spec_changes(current, new)
+        if self.host_url:  # --host-url wins over the spec's
+            changes = [c for c in changes if not c.startswith("host.url ")]
+        if not changes:
+            return new  # the selector (peer discovery has it) or the StatefulSet's name
+        try:
+            options = new.options(name=self.pod_name, cluster=self.shardset)
+            loop.reconfigure(options)
+        except ShardleaseError as e:
+            msg = f"{self.pod_name} cannot apply the ShardSet change, keeping the last: {e}"
+            logger.error("%s", msg)
+            await self._post("Warning", "ReconfigureFailed", msg)
+            return current
+        host.configure(self.host_url or new.host.url, open_timeout=options.open_timeout,
+                       close_timeout=options.close_timeout)
+        msg = f"{self.pod_name} applied in place (no restart): {', '.join(changes)}"
+        logger.info("%s", msg)
+        await self._post("Normal", "Reconfigured", msg)
+        return new
 
     async def _host_listening(self, url: str) -> bool:
         """Wait until the application accepts connections at `url`: as a native
@@ -568,6 +619,21 @@ class Agent:
         await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl))
         return web.Response(text="paused: the shards are handed off until the application "
                                  "restarts\n")
+
+
+def spec_changes(old: ShardSetSpec, new: ShardSetSpec) -> list[str]:
+    """What changed between two specs, in the ShardSet's own field names
+    ("leaseTTL 15.0 -> 30.0"), leaving out the selector and the StatefulSet's
+    name (nothing the loop uses)."""
+    def flat(spec: ShardSetSpec) -> dict[str, Any]:
+        body = spec.model_dump(by_alias=True)
+        host = body.pop("host")
+        body.pop("selector")
+        body.pop("statefulSet")
+        return {**body, **{f"host.{k}": v for k, v in host.items()}}
+
+    before, after = flat(old), flat(new)
+    return [f"{k} {before[k]} -> {after[k]}" for k in before if before[k] != after[k]]
 
 
 def _ranges(shards: list[int]) -> str:

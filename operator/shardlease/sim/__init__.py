@@ -69,6 +69,7 @@ from shardlease.sim.faults import (
     Join,
     Leave,
     Pause,
+    Reconfigure,
     StoreFault,
 )
 from shardlease.sim.scenario import BalanceFigure, ScenarioResult, run_scenario
@@ -85,6 +86,7 @@ __all__ = [
     "Join",
     "Leave",
     "Pause",
+    "Reconfigure",
     "Recovery",
     "ScenarioResult",
     "SimulationStuck",

@@ -96,7 +96,24 @@ class Leave:
     node: str
 
 
-Fault = Crash | Pause | StoreFault | HostFault | Join | Leave
+@dataclass(frozen=True)
+class Reconfigure:
+    """At `at`, `node`'s loop (every running node's if None) gets its options
+    with `changes` ((option, value) pairs, e.g. (("lease_ttl", 30.0),)) applied
+    in place (`PlacementLoop.reconfigure`). Nodes that join later start with
+    the scenario's options. The shard count is not for this (the checks of
+    quiescence count the scenario's)."""
+
+    at: float
+    node: str | None
+    changes: tuple[tuple[str, float | int | None], ...]
+
+    def __post_init__(self) -> None:
+        if any(k == "shards" for k, _ in self.changes):
+            raise ValueError("a Reconfigure of the shard count is not simulated")
+
+
+Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure
 
 
 def fault_end(fault: Fault) -> float:

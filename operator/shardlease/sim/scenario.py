@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlease.errors import ConfigError
 from shardlease.options import Options
 from shardlease.records import Renewal
 from shardlease.sim.check import (
@@ -29,6 +30,7 @@ from shardlease.sim.faults import (
     Join,
     Leave,
     Pause,
+    Reconfigure,
     StoreFault,
     fault_end,
 )
@@ -202,6 +204,7 @@ async def _scenario(
         actions.append((f.at, len(actions), f))
     actions.sort(key=lambda a: (a[0], a[1]))
     leaving: list[asyncio.Task[None]] = []
+    margins = [opts.margin_s]  # every margin in force at some time (Reconfigure)
 
     async def until(at: float) -> None:
         delay = t0 + at - loop.time()
@@ -226,6 +229,17 @@ async def _scenario(
                     world.pause(n, d)
             case StoreFault() | HostFault():
                 world.record("*", "fault", value=fault_end(f), detail=repr(f))
+            case Reconfigure(node=only, changes=changes):
+                targets = [n for n in world.live_nodes() if only in (None, n.name)]
+                for n in targets:
+                    new = Options.model_validate({**n.loop.options.model_dump(), **dict(changes)})
+                    try:
+                        n.loop.reconfigure(new)
+                    except ConfigError as e:  # (node mode: a margin its epoch cannot hold)
+                        world.record(n.label, "reconfigure_refused", detail=str(e))
+                        continue
+                    margins.append(new.margin_s)
+                    world.record(n.label, "reconfigure", detail=repr(dict(changes)))
 
     last = max([a[0] for a in actions] + [fault_end(f) for f in faults] + [0.0])
     await until(last + (settle if settle is not None else 2 * ttl + 4 * interval_s))
@@ -251,7 +265,8 @@ async def _scenario(
     recs = recoveries(trace)
     bound = recovery_bound if recovery_bound is not None else ttl + 2 * interval_s
     problems = list(world.violations) + quiet_problems + check_trace(trace)
-    problems += check_fenced_closes(trace, opts.margin_s)
+    # The smallest margin: a deadline's own margin may be larger, never smaller.
+    problems += check_fenced_closes(trace, min(margins))
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {

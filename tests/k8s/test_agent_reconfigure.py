@@ -1,0 +1,133 @@
+"""A ShardSet spec change reaches running agents in place, on a real
+kube-apiserver: no agent restarts its loop, no shard is closed anywhere, and
+the leases carry the new TTL. The agents run as local processes (no kubelet),
+each with a recording application behind its HTTP host."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from shardlease.stores.kubernetes import ANN_TTL, lease_name
+
+from .scenario import Proc, RecordingApp, apply_crd, eventually, free_port, mark_ready, spawn
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+PODS = ("db-0", "db-1")
+
+pytestmark = pytest.mark.slow
+
+
+async def lease_ttls(api: client.ApiClient, ns: str, shards: int) -> set[str | None]:
+    coord = client.CoordinationV1Api(api)
+    out: set[str | None] = set()
+    for s in range(shards):
+        obj = await coord.read_namespaced_lease(lease_name("db", s), ns)
+        out.add((obj.metadata.annotations or {}).get(ANN_TTL))
+    return out
+
+
+async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    api = api_client
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    await apply_crd(api)
+    await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": 6,
+                 "store": f"kubernetes://{namespace}", "leaseTTL": 3.0}})
+    for name in PODS:
+        await core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "db"}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
+        await mark_ready(api, namespace, name)
+
+    calls: list[dict[str, Any]] = []
+    apps: dict[str, RecordingApp] = {}
+    procs: list[Proc] = []
+    try:
+        for name in PODS:
+            apps[name] = app = RecordingApp(name, calls)
+            await app.start()
+            procs.append(spawn(f"agent-{name}", [
+                "agent", "--shardset", "db", "--namespace", namespace, "--name", name,
+                "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{app.port}"],
+                tmp_path, env={"KUBECONFIG": kubeconfig}))
+
+        async def placed() -> bool:
+            held = [set(a.open) for a in apps.values()]
+            return len(held[0]) == len(held[1]) == 3 and held[0] | held[1] == set(range(6))
+        await eventually(placed, "both agents to open three shards each", timeout=90)
+        assert await lease_ttls(api, namespace, 6) == {"3.0"}
+        before = {name: dict(a.open) for name, a in apps.items()}
+        seen = len(calls)
+
+        # Four times the TTL, a slower pace, other concurrency and timeouts.
+        await custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db", {
+            "spec": {"leaseTTL": 12.0, "interval": 2.0, "maxConcurrency": 4,
+                     "host": {"openTimeout": 20.0, "closeTimeout": 20.0}}},
+            _content_type="application/merge-patch+json")
+
+        async def renewed_with_the_new_ttl() -> bool:
+            return await lease_ttls(api, namespace, 6) == {"12.0"}
+        await eventually(renewed_with_the_new_ttl, "every lease to carry the new TTL")
+        assert calls[seen:] == []  # no shard closed (nor opened) anywhere
+
+        async def reported() -> list[str]:
+            events = await core.list_namespaced_event(namespace)
+            return [e.message for e in events.items if e.reason == "Reconfigured"]
+        messages = await eventually(
+            lambda: _all_reported(reported), "each agent to report the change")
+        assert all("leaseTTL 3.0 -> 12.0" in m and "maxConcurrency 16 -> 4" in m
+                   for m in messages)
+
+        # Then down again, below where it started.
+        await custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db", {
+            "spec": {"leaseTTL": 2.0, "interval": None}},
+            _content_type="application/merge-patch+json")
+
+        async def shortened() -> bool:
+            return await lease_ttls(api, namespace, 6) == {"2.0"}
+        await eventually(shortened, "every lease to carry the shorter TTL")
+        # Several renewals at the new pace, and every shard kept.
+        versions: dict[int, list[str]] = {s: [] for s in range(6)}
+
+        async def renewed_five_times() -> bool:
+            coord = client.CoordinationV1Api(api)
+            for s, seen_versions in versions.items():
+                obj = await coord.read_namespaced_lease(lease_name("db", s), namespace)
+                if obj.metadata.resource_version not in seen_versions:
+                    seen_versions.append(obj.metadata.resource_version)
+            return all(len(v) >= 5 for v in versions.values())
+        await eventually(renewed_five_times, "renewals at the new pace", every=0.2)
+
+        assert calls[seen:] == []  # not one open or close since the first change
+        assert {name: dict(a.open) for name, a in apps.items()} == before
+        for p in procs:
+            assert p.popen.poll() is None, p.tail()
+            log = p.log.read_text(errors="replace")
+            assert "applied in place" in log
+            assert "closing every shard" not in log
+        for p in procs:
+            p.signal(signal.SIGTERM)
+        for p in procs:
+            assert await p.wait(60) == 0, p.tail()
+        # The graceful stop closed each shard once.
+        assert sorted(c["shard"] for c in calls[seen:] if c["action"] == "close") == \
+            list(range(6))
+    finally:
+        for p in procs:
+            p.stop()
+        for a in apps.values():
+            await a.stop()
+
+
+async def _all_reported(reported: Any) -> list[str] | None:
+    messages: list[str] = await reported()
+    return messages if {m.split(" ", 1)[0] for m in messages} >= set(PODS) else None
+
