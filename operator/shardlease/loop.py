@@ -279,6 +279,8 @@ class PlacementLoop:
         #: Node mode: rounds since the heartbeat listing last ran (it is
         #: skipped while it finds nobody; see HEARTBEAT_READ_EVERY).
         self._beats_skipped = 0
+        #: Whether the last heartbeat listing showed a live peer.
+        self._beating_peers = False
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -997,7 +999,7 @@ class PlacementLoop:
                                   ok=leases is not None))
 
     async def _live_nodes(self) -> set[str]:
-        if self.mode == "node" and not self._beats and not self._stopping \
+        if self.mode == "node" and not self._beating_peers and not self._stopping \
                 and self._beats_skipped < HEARTBEAT_READ_EVERY - 1 and self.rounds > 0:
             self._beats_skipped += 1
             return {self.name}
@@ -1016,6 +1018,7 @@ class PlacementLoop:
         for node in set(self._beats) - set(beats):
             del self._beats[node]  # deleted: a graceful stop
         live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
+        self._beating_peers = bool(live - {self.name})
         if not self._stopping:
             live.add(self.name)
         else:
