@@ -83,6 +83,7 @@ from typing import Any
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
+from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
@@ -116,14 +117,10 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
-#: The version `_Seen` records for a shard with no lease record at all.
-_MISSING = "\0missing"
-#: Epoch records unchanged for this many TTLs, which no lease names, are
-#: deleted by any node (crashed nodes' epochs), at most GC_PER_ROUND a round.
-EPOCH_GC_TTLS = 2.0
-GC_PER_ROUND = 4
-#: An epoch is identified by a node name and an epoch id.
-EpochKey = tuple[str, str]
+#: Node mode: while the heartbeat listing finds nobody (no node keeps leases
+#: by heartbeat and per-lease renewal: a pure node-mode cluster), it is read
+#: only every HEARTBEAT_READ_EVERY rounds; it only counts such peers.
+HEARTBEAT_READ_EVERY = 4
 
 
 class Phase(enum.Enum):
@@ -156,15 +153,6 @@ class _Held:
     def by_epoch(self) -> bool:
         """Kept by its epoch (node mode), not by rewriting the record."""
         return self.lease.renewal == "node"
-
-
-@dataclass
-class _Seen:
-    """A record as this node saw it: its version and when that version was first seen."""
-
-    version: str
-    since: float
-    record: Lease | None
 
 
 @dataclass
@@ -232,7 +220,7 @@ class PlacementLoop:
         self.held: dict[int, _Held] = {}
         self.ready = asyncio.Event()  # set once a round read the leases
         self.rounds = 0
-        self._seen: dict[int, _Seen] = {}
+        self._seen: dict[int, Seen] = {}
         self._max_generation: dict[int, int] = {}
         self._cooldown: dict[int, _Cooldown] = {}
         self._beats: dict[str, tuple[str, float]] = {}
@@ -262,16 +250,11 @@ class PlacementLoop:
         self._epoch_deadline: float | None = None
         self._epoch_lock = asyncio.Lock()
         self._epoch_retired = False
-        #: Each epoch named by a lease or listed: its version (or _MISSING) and
-        #: since when this node has seen it unchanged.
-        self._epochs_seen: dict[EpochKey, _Seen] = {}
-        #: Epochs known to be over (ended by a compare-and-swap this node saw succeed).
-        self._ended: set[EpochKey] = set()
-        #: False until an epoch listing succeeded, and after one failed.
-        self._epochs_fresh = False
-        #: Epochs whose version changed after a silence: perhaps ended by a
-        #: peer (read to find out, so this node need not wait another TTL).
-        self._suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
+        #: Node mode: rounds since the heartbeat listing last ran (it is
+        #: skipped while it finds nobody; see HEARTBEAT_READ_EVERY).
+        self._beats_skipped = 0
+        #: Whether the last heartbeat listing showed a live peer.
+        self._beating_peers = False
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -287,6 +270,10 @@ class PlacementLoop:
         #: Reads and heartbeat writes in flight, by kind: joined, not repeated.
         self.calls = Calls(interval=options.interval_s, ttl=options.lease_ttl,
                            clock=self.clock, rng=self.rng)
+        #: What this node sees of every node's epoch (node mode).
+        self.epoch_watch = EpochWatch(self.store, self.calls, self.clock, self.telemetry,
+                                      cluster=self.cluster, name=self.name,
+                                      ttl=lambda: self.ttl, own=lambda: self.epoch)
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -599,7 +586,7 @@ class PlacementLoop:
         shards = self._epoch_shards(epoch)
         logger.error("epoch %s was ended by a peer (our renewals were not seen for a TTL): "
                      "fencing %d shard(s), starting a new epoch", epoch, len(shards))
-        self._ended.add((self.name, epoch))
+        self.epoch_watch.ended.add((self.name, epoch))
         self.runner.fence(shards)
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
                                        epoch=epoch, shards=tuple(sorted(shards))))
@@ -664,44 +651,9 @@ class PlacementLoop:
 
     async def _read_epochs(self) -> dict[EpochKey, str] | None:
         if self.mode != "node" and not self._node_leases:
-            self._epochs_fresh = False
+            self.epoch_watch.fresh = False
             return None
-        try:
-            epochs = await self.calls.joined("epochs", "epoch listing",
-                                             lambda: self.store.list_epochs(self.cluster))
-        except StoreError as e:
-            logger.warning("could not read the epochs, no node-mode claims this round: %s", e)
-            self._epochs_fresh = False
-            return None
-        self._epochs_fresh = True
-        return epochs
-
-    def _observe_epochs(self, epochs: dict[EpochKey, str],
-                        leases: dict[int, Stored[Lease]] | None) -> None:
-        """Track each listed epoch and each epoch a node-mode lease names
-        (missing ones too)."""
-        now = self.clock.monotonic()
-        named = self._named_epochs(leases) if leases is not None else {}
-        # In listing order, then lease order: never a set's (hash) order, so
-        # that a simulation replays the same way.
-        for key in dict.fromkeys([*epochs, *named]):
-            version = epochs.get(key, _MISSING)
-            seen = self._epochs_seen.get(key)
-            if seen is None or seen.version != version:
-                if seen is not None and key in named and _MISSING not in (seen.version, version) \
-                        and now - seen.since >= self.ttl / 2 and key not in self._ended:
-                    self._suspects[key] = None  # its owner writes every interval
-                self._epochs_seen[key] = _Seen(version, now, None)
-        for key in set(self._epochs_seen) - set(epochs) - set(named):
-            del self._epochs_seen[key]
-            self._ended.discard(key)
-
-    def _epoch_live(self) -> set[str]:
-        """The nodes with an epoch that is not over and changed within a TTL."""
-        now = self.clock.monotonic()
-        return {node for (node, epoch), seen in self._epochs_seen.items()
-                if seen.version != _MISSING and (node, epoch) not in self._ended
-                and now - seen.since <= self.ttl}
+        return await self.epoch_watch.read()
 
     def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> dict[EpochKey, None]:
         """The epochs node-mode leases name, in shard order."""
@@ -710,76 +662,6 @@ class PlacementLoop:
         return {(rec.owner, rec.incarnation or ""): None for st in leases.values()
                 if (rec := st.record) is not None and rec.renewal == "node"
                 and rec.owner is not None}
-
-    async def _collect_epochs(self, leases: dict[int, Stored[Lease]]) -> None:
-        """Delete epoch records no lease names that are over, or unchanged for
-        EPOCH_GC_TTLS (crashed nodes'). Deleting one that is in fact alive (a
-        stale view) is safe: its owner's next write is refused, and a deleted
-        epoch is waited a TTL before it is taken over."""
-        now = self.clock.monotonic()
-        named = self._named_epochs(leases)
-        dead = [key for key, seen in self._epochs_seen.items()
-                if seen.version != _MISSING and key not in named
-                and key != (self.name, self.epoch)
-                and (key in self._ended or now - seen.since > EPOCH_GC_TTLS * self.ttl)]
-        for node, epoch in dead[:GC_PER_ROUND]:
-            try:
-                await self.calls.bounded(f"deletion of epoch {node}/{epoch}",
-                                         functools.partial(self.store.delete_epoch,
-                                                           self.cluster, node, epoch))
-            except StoreError as e:
-                logger.info("could not delete the epoch %s/%s: %s", node, epoch, e)
-
-    async def _check_suspects(self) -> None:
-        """Read the epochs that changed after a silence: one a peer ended is
-        over, and its leases may be claimed now."""
-        for key in list(self._suspects)[:GC_PER_ROUND]:
-            del self._suspects[key]
-            try:
-                stored = await self.calls.bounded(
-                    f"read of epoch {key[0]}/{key[1]}",
-                    functools.partial(self.store.get_epoch, self.cluster, *key))
-            except StoreError as e:
-                logger.info("could not read the epoch %s/%s: %s", *key, e)
-                continue
-            if stored is not None and stored.record is not None and stored.record.ended_by:
-                self._ended.add(key)
-
-    async def _end_epoch(self, key: EpochKey) -> bool:
-        """Take over a silent epoch: end it by a compare-and-swap against the
-        version this node has seen unchanged for a TTL (or create it ended,
-        if it has been missing that long). True once it is over."""
-        if key in self._ended:
-            return True
-        seen = self._epochs_seen.get(key)
-        if seen is None or key == (self.name, self.epoch):
-            return False  # (never our own live epoch: that would fence us)
-        node, epoch = key
-        try:
-            record = Epoch(cluster=self.cluster, node=node, epoch=epoch, seq=0,
-                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl,
-                           ended_by=self.name)
-        except ValueError:
-            # Not an epoch any node writes (a hand-edited lease): nothing can
-            # keep it alive, and it has been seen missing for a TTL.
-            self._ended.add(key)
-            return True
-        version = None if seen.version == _MISSING else seen.version
-        try:
-            await self.calls.bounded(f"end of epoch {node}/{epoch}",
-                                     lambda: self.store.write_epoch(record, version))
-        except Conflict:
-            logger.info("epoch %s/%s changed since it was read: not taken over", node, epoch)
-            return False
-        except StoreError as e:
-            logger.info("could not end the epoch %s/%s: %s", node, epoch, e)
-            return False
-        logger.warning("ended the epoch %s of node %s, silent for a TTL: taking its leases",
-                       epoch, node)
-        self._ended.add(key)
-        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
-                                       epoch=epoch))
-        return True
 
     def _check_alive(self, runner: asyncio.Task[None],
                      keepers: list[asyncio.Task[None]]) -> None:
@@ -961,11 +843,11 @@ class PlacementLoop:
         if leases is not None:
             self._node_leases = bool(self._named_epochs(leases))
         if epochs is not None:
-            self._observe_epochs(epochs, leases)
-            if self._suspects and not self._stopping:
+            self.epoch_watch.observe(epochs, self._named_epochs(leases) if leases else {})
+            if self.epoch_watch.suspects and not self._stopping:
                 # Before the share: an epoch a peer ended is no live node.
-                await self._check_suspects()
-            live = live | self._epoch_live()
+                await self.epoch_watch.check_suspects()
+            live = live | self.epoch_watch.live()
             if self._stopping:
                 live.discard(self.name)
             self._live = live
@@ -976,8 +858,13 @@ class PlacementLoop:
             await self._free_strays(leases)
         elif leases is not None and not first and self.runner.running:
             await self._claim(leases, share)
+            if self.mode == "node":
+                # A lease of ours that we do not hold (a claim whose answer was
+                # lost and could not be recognised): under our live epoch
+                # nobody else may take it, so it is freed here.
+                await self._free_strays(leases)
         if leases is not None and epochs is not None:
-            await self._collect_epochs(leases)
+            await self.epoch_watch.collect(self._named_epochs(leases))
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
@@ -985,6 +872,11 @@ class PlacementLoop:
                                   ok=leases is not None))
 
     async def _live_nodes(self) -> set[str]:
+        if self.mode == "node" and not self._beating_peers and not self._stopping \
+                and self._beats_skipped < HEARTBEAT_READ_EVERY - 1 and self.rounds > 0:
+            self._beats_skipped += 1
+            return {self.name}
+        self._beats_skipped = 0
         try:
             beats = await self.calls.joined("heartbeats", "heartbeat listing",
                                        lambda: self.store.list_heartbeats(self.cluster))
@@ -999,6 +891,7 @@ class PlacementLoop:
         for node in set(self._beats) - set(beats):
             del self._beats[node]  # deleted: a graceful stop
         live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
+        self._beating_peers = bool(live - {self.name})
         if not self._stopping:
             live.add(self.name)
         else:
@@ -1050,11 +943,11 @@ class PlacementLoop:
             seen = self._seen.get(shard)
             if stored is None:
                 free.append(shard)
-                if seen is None or seen.version != _MISSING:
-                    self._seen[shard] = _Seen(_MISSING, now, None)
+                if seen is None or seen.version != MISSING:
+                    self._seen[shard] = Seen(MISSING, now, None)
                 continue
             if seen is None or seen.version != stored.version:
-                self._seen[shard] = _Seen(stored.version, now, stored.record)
+                self._seen[shard] = Seen(stored.version, now, stored.record)
                 if stored.record is None:
                     logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
                     self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
@@ -1099,23 +992,10 @@ class PlacementLoop:
         if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
             return True  # ours, dropped after a fence: nobody else can hold it
         if rec is not None and rec.renewal == "node":
-            return self._epoch_over(rec, now)
+            return self.epoch_watch.over(rec, now)
         seen = self._seen[shard]
         ttl = max(self.ttl, rec.ttl) if rec is not None else self.ttl
         return now - seen.since > ttl
-
-    def _epoch_over(self, rec: Lease, now: float) -> bool:
-        """A node-mode lease: claimable when its epoch is over, or has been
-        seen unchanged (or missing) for a TTL, so that `_end_epoch` may end it."""
-        key = (rec.owner or "", rec.incarnation or "")
-        if key in self._ended:
-            return True
-        if rec.owner == self.name and rec.incarnation == self.epoch:
-            return True  # our current epoch's, dropped after a failed open
-        seen = self._epochs_seen.get(key)
-        if not self._epochs_fresh or seen is None:
-            return False
-        return now - seen.since > max(self.ttl, rec.ttl)
 
     def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
         """Seconds this node has seen the shard free (no record, or no owner)
@@ -1155,7 +1035,7 @@ class PlacementLoop:
                     and (rec.owner, rec.incarnation) != (self.name, self.epoch):
                 key = (rec.owner, rec.incarnation or "")
                 if key not in ending:
-                    ending[key] = asyncio.create_task(self._end_epoch(key))
+                    ending[key] = asyncio.create_task(self.epoch_watch.end(key))
                 if not await asyncio.shield(ending[key]):
                     return
             async with limit:
@@ -1203,8 +1083,10 @@ class PlacementLoop:
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
         deadline = self._epoch_deadline if by_epoch else self._deadline(sent, lease.ttl)
-        if self._stopping or deadline is None or (by_epoch and epoch != self.epoch):
-            # Stopped (or the epoch ended) while the claim was in flight: the
+        if self._stopping or deadline is None or (by_epoch and (
+                epoch != self.epoch or deadline <= self.clock.monotonic())):
+            # Stopped (or the epoch ended, or its deadline passed: a slow
+            # write) while the claim was in flight: never opened; the
             # renewals free it.
             held = _Held(lease, version)
             held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED)

@@ -231,3 +231,21 @@ def test_a_fenced_close_that_hangs_ends_before_another_node_opens_the_shard() ->
         taken = min(ev.t for ev in r.trace if ev.node != "n0" and ev.shard == shard
                     and ev.kind == "open_ok" and ev.t > 21)
         assert gone <= taken, (shard, gone, taken)
+
+
+def test_node_mode_frees_a_stray_claim_of_its_own_live_epoch() -> None:
+    # Found by the property run: a claim whose answer was lost (and could not
+    # be recognised) left a lease under a live epoch that nobody else may take;
+    # with its owner at its share, the shard stayed open nowhere.
+    r = run_scenario(nodes=5, shards=31, seed=0, max_concurrency=1, renewal="node", faults=[
+        StoreFault(at=11.8, until=51.6, latency=1.0, jitter=1.5, lost_reply_rate=0.3)])
+    assert r.violations == [], "\n".join(r.violations)
+
+
+def test_node_mode_never_starts_a_claim_that_landed_after_the_epochs_deadline() -> None:
+    # Found by the property run: a slow claim landed after the epoch's deadline
+    # and was handed to the runner already fenced.
+    r = run_scenario(nodes=5, shards=13, seed=0, max_concurrency=1, renewal="node", faults=[
+        Crash(at=10.0, node="n0"), Crash(at=18.9, node="n1"),
+        StoreFault(at=10.8, until=44.6, latency=1.0, jitter=1.5, lost_reply_rate=0.3)])
+    assert r.violations == [], "\n".join(r.violations)

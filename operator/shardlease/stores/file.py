@@ -358,6 +358,23 @@ class FileStore(LeaseStore):
         self._collect(directory, seq)
         return f"{seq}-{_digest(data)}"
 
+    def _newest(self, directory: Path, what: str) -> tuple[int, bytes] | None:
+        """(seq, bytes) of the newest version in a versioned directory, or
+        None if it has none; re-listed when that version is collected meanwhile."""
+        for _ in range(_READ_TRIES):
+            seqs = self._seqs(directory)
+            if not seqs:
+                return None
+            path = directory / f"{seqs[-1]}{_SUFFIX}"
+            try:
+                return seqs[-1], _read_bytes(path)[0]
+            except FileNotFoundError:
+                continue  # superseded and collected since the listing
+            except OSError as e:
+                raise self._fail("read", path, e) from None
+        raise StoreError(f"file store {self.root}: {what} changed faster than it could be "
+                         f"read ({_READ_TRIES} tries)")
+
     def _list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
         directory = self.cluster_dir(cluster) / "epochs"
         found: dict[tuple[str, str], str] = {}
@@ -365,37 +382,23 @@ class FileStore(LeaseStore):
             node, sep, epoch = name.rpartition("@")
             if not sep or not node or not epoch or name.startswith("."):
                 continue
-            for _ in range(_READ_TRIES):
-                seqs = self._seqs(directory / name)
-                if not seqs:
-                    break
-                try:
-                    data, _ = _read_bytes(directory / name / f"{seqs[-1]}{_SUFFIX}")
-                except FileNotFoundError:
-                    continue  # superseded and collected since the listing
-                except OSError as e:
-                    found[(node, epoch)] = f"{seqs[-1]}-unreadable-{e.errno}"
-                    break
-                found[(node, epoch)] = f"{seqs[-1]}-{_digest(data)}"
-                break
+            try:
+                newest = self._newest(directory / name, f"epoch {name}")
+            except StoreError:
+                # One unreadable epoch must not hide the others: a version that
+                # never changes, so it reads as a silent epoch.
+                found[(node, epoch)] = "unreadable"
+                continue
+            if newest is not None:
+                found[(node, epoch)] = f"{newest[0]}-{_digest(newest[1])}"
         return found
 
     def _get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
-        directory = self.epoch_dir(cluster, node, epoch)
-        for _ in range(_READ_TRIES):
-            seqs = self._seqs(directory)
-            if not seqs:
-                return None
-            path = directory / f"{seqs[-1]}{_SUFFIX}"
-            try:
-                data, _ = _read_bytes(path)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                raise self._fail("read", path, e) from None
-            return stored_epoch(data, f"{seqs[-1]}-{_digest(data)}", cluster, node, epoch)
-        raise StoreError(f"file store {self.root}: epoch {node}@{epoch} changed faster "
-                         f"than it could be read ({_READ_TRIES} tries)")
+        newest = self._newest(self.epoch_dir(cluster, node, epoch), f"epoch {node}@{epoch}")
+        if newest is None:
+            return None
+        seq, data = newest
+        return stored_epoch(data, f"{seq}-{_digest(data)}", cluster, node, epoch)
 
     def _swap_epoch(self, record: Epoch, version: str | None) -> str:
         return self._swap(self.epoch_dir(record.cluster, record.node, record.epoch),

@@ -1,0 +1,187 @@
+"""What one node sees of every node's epoch (node-mode renewal, docs/renewal.md).
+
+Each epoch listed, and each epoch a node-mode lease names (missing ones too),
+is tracked on this node's monotonic clock: its version and since when it has
+been seen unchanged. From that: which nodes are live by their epoch, whether a
+lease's epoch may be taken over (`over`), ending a silent epoch by a
+compare-and-swap (`end`), reading the epochs that changed after a silence (a
+peer may have ended them), and deleting the records of epochs that are over.
+The loop owns its own epoch (its renewal); this class only watches.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardlease.calls import Calls
+from shardlease.clock import Clock
+from shardlease.errors import Conflict, StoreError
+from shardlease.records import Epoch, Lease, new_write_id
+from shardlease.stores.base import LeaseStore
+from shardlease.telemetry import EpochEnded, Telemetry
+
+logger = logging.getLogger("shardlease.loop")
+
+#: An epoch is identified by a node name and an epoch id.
+EpochKey = tuple[str, str]
+#: The version `Seen` records for something with no record at all.
+MISSING = "\0missing"
+#: Epoch records unchanged for this many TTLs, which no lease names, are
+#: deleted by any node (crashed nodes' epochs), at most PER_ROUND a round.
+EPOCH_GC_TTLS = 2.0
+PER_ROUND = 4
+
+
+@dataclass
+class Seen:
+    """A record as this node saw it: its version and when that version was first seen."""
+
+    version: str
+    since: float
+    record: Lease | None
+
+
+class EpochWatch:
+    def __init__(self, store: LeaseStore, calls: Calls, clock: Clock, telemetry: Telemetry, *,
+                 cluster: str, name: str, ttl: Callable[[], float],
+                 own: Callable[[], str]) -> None:
+        self.store = store
+        self.calls = calls
+        self.clock = clock
+        self.telemetry = telemetry
+        self.cluster = cluster
+        self.name = name
+        #: This node's lease TTL now, and its current epoch id (both change).
+        self.ttl = ttl
+        self.own = own
+        #: Each epoch tracked: its version (or MISSING) and since when.
+        self.seen: dict[EpochKey, Seen] = {}
+        #: Epochs known to be over (ended by a compare-and-swap this node saw succeed).
+        self.ended: set[EpochKey] = set()
+        #: Epochs whose version changed after a silence: perhaps ended by a
+        #: peer (read to find out, so this node need not wait another TTL).
+        self.suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
+        #: False until a listing succeeded, and after one failed.
+        self.fresh = False
+
+    async def read(self) -> dict[EpochKey, str] | None:
+        """The epoch listing, or None (logged) if it failed."""
+        try:
+            epochs = await self.calls.joined("epochs", "epoch listing",
+                                             lambda: self.store.list_epochs(self.cluster))
+        except StoreError as e:
+            logger.warning("could not read the epochs, no node-mode claims this round: %s", e)
+            self.fresh = False
+            return None
+        self.fresh = True
+        return epochs
+
+    def observe(self, epochs: dict[EpochKey, str], named: dict[EpochKey, None]) -> None:
+        """Track each listed epoch and each epoch a node-mode lease names
+        (missing ones too)."""
+        now = self.clock.monotonic()
+        # In listing order, then lease order: never a set's (hash) order, so
+        # that a simulation replays the same way.
+        for key in dict.fromkeys([*epochs, *named]):
+            version = epochs.get(key, MISSING)
+            seen = self.seen.get(key)
+            if seen is None or seen.version != version:
+                if seen is not None and key in named and MISSING not in (seen.version, version) \
+                        and now - seen.since >= self.ttl() / 2 and key not in self.ended:
+                    self.suspects[key] = None  # its owner writes every interval
+                self.seen[key] = Seen(version, now, None)
+        for key in set(self.seen) - set(epochs) - set(named):
+            del self.seen[key]
+            self.ended.discard(key)
+
+    def live(self) -> set[str]:
+        """The nodes with an epoch that is not over and changed within a TTL."""
+        now = self.clock.monotonic()
+        return {node for (node, epoch), seen in self.seen.items()
+                if seen.version != MISSING and (node, epoch) not in self.ended
+                and now - seen.since <= self.ttl()}
+
+    async def collect(self, named: dict[EpochKey, None]) -> None:
+        """Delete epoch records no lease names that are over, or unchanged for
+        EPOCH_GC_TTLS (crashed nodes'). Deleting one that is in fact alive (a
+        stale view) is safe: its owner's next write is refused, and a deleted
+        epoch is waited a TTL before it is taken over."""
+        now = self.clock.monotonic()
+        dead = [key for key, seen in self.seen.items()
+                if seen.version != MISSING and key not in named
+                and key != (self.name, self.own())
+                and (key in self.ended or now - seen.since > EPOCH_GC_TTLS * self.ttl())]
+        for node, epoch in dead[:PER_ROUND]:
+            try:
+                await self.calls.bounded(f"deletion of epoch {node}/{epoch}",
+                                         functools.partial(self.store.delete_epoch,
+                                                           self.cluster, node, epoch))
+            except StoreError as e:
+                logger.info("could not delete the epoch %s/%s: %s", node, epoch, e)
+
+    async def check_suspects(self) -> None:
+        """Read the epochs that changed after a silence: one a peer ended is
+        over, and its leases may be claimed now."""
+        for key in list(self.suspects)[:PER_ROUND]:
+            del self.suspects[key]
+            try:
+                stored = await self.calls.bounded(
+                    f"read of epoch {key[0]}/{key[1]}",
+                    functools.partial(self.store.get_epoch, self.cluster, *key))
+            except StoreError as e:
+                logger.info("could not read the epoch %s/%s: %s", *key, e)
+                continue
+            if stored is not None and stored.record is not None and stored.record.ended_by:
+                self.ended.add(key)
+
+    async def end(self, key: EpochKey) -> bool:
+        """Take over a silent epoch: end it by a compare-and-swap against the
+        version this node has seen unchanged for a TTL (or create it ended,
+        if it has been missing that long). True once it is over."""
+        if key in self.ended:
+            return True
+        seen = self.seen.get(key)
+        if seen is None or key == (self.name, self.own()):
+            return False  # (never our own live epoch: that would fence us)
+        node, epoch = key
+        try:
+            record = Epoch(cluster=self.cluster, node=node, epoch=epoch, seq=0,
+                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl(),
+                           ended_by=self.name)
+        except ValueError:
+            # Not an epoch any node writes (a hand-edited lease): nothing can
+            # keep it alive, and it has been seen missing for a TTL.
+            self.ended.add(key)
+            return True
+        version = None if seen.version == MISSING else seen.version
+        try:
+            await self.calls.bounded(f"end of epoch {node}/{epoch}",
+                                     lambda: self.store.write_epoch(record, version))
+        except Conflict:
+            logger.info("epoch %s/%s changed since it was read: not taken over", node, epoch)
+            return False
+        except StoreError as e:
+            logger.info("could not end the epoch %s/%s: %s", node, epoch, e)
+            return False
+        logger.warning("ended the epoch %s of node %s, silent for a TTL: taking its leases",
+                       epoch, node)
+        self.ended.add(key)
+        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
+                                       epoch=epoch))
+        return True
+
+    def over(self, rec: Lease, now: float) -> bool:
+        """A node-mode lease: claimable when its epoch is over, or has been
+        seen unchanged (or missing) for a TTL, so that `end` may end it."""
+        key = (rec.owner or "", rec.incarnation or "")
+        if key in self.ended:
+            return True
+        if rec.owner == self.name and rec.incarnation == self.own():
+            return True  # our current epoch's, dropped after a failed open
+        seen = self.seen.get(key)
+        if not self.fresh or seen is None:
+            return False
+        return now - seen.since > max(self.ttl(), rec.ttl)
