@@ -145,3 +145,24 @@ async def test_a_graceful_stop_hands_its_leases_over_and_removes_its_epoch() -> 
     await idle()
     await b.stop()
     assert not backend.epochs
+
+
+@virtual
+async def test_an_epoch_write_whose_answer_was_lost_is_not_taken_for_an_ended_epoch() -> None:
+    backend = MemoryBackend()
+    a = node("a", backend, shards=2).start()
+    await asyncio.sleep(12)
+    epoch = a.loop.epoch
+    # The next epoch write lands but its answer is lost, and the record
+    # cannot be read back for longer than the write's budget: the node is
+    # left one version behind its own record.
+    a.store.lose_reply["update_epoch"] = 1
+    a.store.broken.add("get_epoch")
+    await asyncio.sleep(16)
+    a.store.broken.discard("get_epoch")
+    await asyncio.sleep(20)
+    # Its next write conflicts with its own record: that is no end of the epoch.
+    assert a.of(EpochEnded) == []
+    assert a.loop.epoch == epoch
+    assert a.opened() == {0, 1}
+    await a.stop()

@@ -563,6 +563,8 @@ class PlacementLoop:
                     "epoch renewal", lambda: self.store.write_epoch(record, version),
                     budget=budget)
             except Conflict:
+                if await self._still_ours(epoch):
+                    return False  # an earlier write of ours; its version is taken
                 self._epoch_lost(epoch)
                 return False
             except StoreError as e:
@@ -578,6 +580,26 @@ class PlacementLoop:
                 self.runner.extend(shard, self._epoch_deadline)
             self.runner.flush()  # the host learns the moved deadlines, in one call
             return True
+
+    async def _still_ours(self, epoch: str) -> bool:
+        """A write of our epoch conflicted: with an earlier write of ours whose
+        answer was lost and never recognised (the record is ours, not ended:
+        take its version, and write again next time; the deadline does not
+        move, since when that write was sent is unknown), or with a peer's
+        end (or a deletion). A record that cannot be read is not taken for an
+        end either: raised as a failure."""
+        try:
+            current = await self.calls.bounded(
+                "read of our epoch", functools.partial(self.store.get_epoch, self.cluster,
+                                                       self.name, epoch))
+        except StoreError as e:
+            logger.warning("epoch renewal conflicted and our epoch could not be read: %s", e)
+            return True  # unknown: retried, and fenced at the deadline if it stays so
+        if current is None or current.record is None or current.record.ended_by is not None:
+            return False
+        logger.info("an earlier epoch write of ours had landed; resuming from it")
+        self._epoch_version = current.version
+        return True
 
     def _epoch_lost(self, epoch: str) -> None:
         """Our epoch record was ended (or deleted) by a peer, which saw it

@@ -31,12 +31,20 @@ FIGURES = [
     r"slow node, 30% 503 SlowDown +self-fences +\d+ .*\d+ slowdown",
     r"slow node, \+0.5 x TTL latency +self-fences +\d+ .* renew_slow \d+",
     r"slow node, until balanced again +self-fences",
-    r"store requests per node per round, memory, 64 shards: \d+\.\d+ \(",
-    r"loop CPU per round, memory, 64 shards: \d+\.\d+ ms per node",
-    r"store requests per node per round, file[^,]*, 64 shards: \d+\.\d+ \(",
-    r"loop CPU per round, file[^,]*, 64 shards: \d+\.\d+ ms per node",
-    r"store requests per node per round, s3 \(moto\), 64 shards: \d+\.\d+ \(",
-    r"loop CPU per round, s3 \(moto\), 64 shards: \d+\.\d+ ms per node",
+    *(line.format(mode=mode) for mode in ("shard", "node") for line in (
+        r"store requests per node per round, memory, {mode} renewal, 64 shards: \d+\.\d+ \(",
+        r"loop CPU per round, memory, {mode} renewal, 64 shards: \d+\.\d+ ms per node",
+        r"store requests per node per round, file[^,]*, {mode} renewal, 64 shards: "
+        r"\d+\.\d+ \(",
+        r"loop CPU per round, file[^,]*, {mode} renewal, 64 shards: \d+\.\d+ ms per node",
+        r"store requests per node per round, s3 \(moto\), {mode} renewal, 64 shards: "
+        r"\d+\.\d+ \(",
+        r"S3 requests a month, s3 \(moto\), {mode} renewal, 64 shards, 4 nodes, "
+        r"interval 5 s: \$\d",
+        r"loop CPU per round, s3 \(moto\), {mode} renewal, 64 shards: \d+\.\d+ ms per node",
+        r"rounds to balance, {mode} renewal, 20 nodes x 1000 shards: start \d+, join \d+, "
+        r"leave \d+, crash \d+; invariant violations: 0",
+    )),
     r"file store write latency in .* \d+\.\d+ ms",
 ]
 

@@ -249,3 +249,17 @@ def test_node_mode_never_starts_a_claim_that_landed_after_the_epochs_deadline() 
         Crash(at=10.0, node="n0"), Crash(at=18.9, node="n1"),
         StoreFault(at=10.8, until=44.6, latency=1.0, jitter=1.5, lost_reply_rate=0.3)])
     assert r.violations == [], "\n".join(r.violations)
+
+
+def test_node_mode_a_lost_epoch_write_answer_is_not_taken_for_an_ended_epoch() -> None:
+    # Every epoch write of n0 lands but its answer is lost, and half of its
+    # reads fail: a retry that gave up left the node one version behind its
+    # own record, and the next write's conflict was taken for "a peer ended
+    # our epoch" (a fence with no renew_slow before it).
+    r = run_scenario(nodes=2, shards=2, seed=2, renewal="node", faults=[
+        StoreFault(60, 120, node="n0", lost_reply_rate=1.0,
+                   calls=frozenset({"update_lease", "update_epoch"})),
+        StoreFault(60, 120, node="n0", error_rate=0.5,
+                   calls=frozenset({"get_lease", "get_epoch"}))])
+    assert r.violations == [], "\n".join(r.violations)
+    assert r.counts.get("epoch_ended", 0) == 0
