@@ -69,30 +69,17 @@ class Calls:
                       budget: float | None = None) -> T:
         """`call()` within `budget` (never less than the interval's), retried;
         cancelled past it."""
-        budget = self.budget if budget is None else max(self.budget, budget)
-        end = self.clock.monotonic() + budget
-        pause = RETRY_FIRST * self.interval
-        while True:
-            left = end - self.clock.monotonic()
-            try:
-                async with asyncio.timeout(max(0.0, left)):
-                    return await call()
-            except TimeoutError:
-                raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
-            except StoreError:
-                wait = pause * self.rng.uniform(0.5, 1.5)
-                if self.clock.monotonic() + wait >= end:
-                    raise
-            await asyncio.sleep(wait)
-            pause = min(pause * 2, RETRY_MAX * self.interval)
+        async def attempt(left: float) -> T:
+            async with asyncio.timeout(left):
+                return await call()
+
+        return await self._retried(what, self.budget if budget is None
+                                   else max(self.budget, budget), attempt)
 
     async def joined(self, key: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` within the budget, retried; past it the caller stops
         waiting, and the next caller with the same `key` joins the call."""
-        budget = self.budget
-        end = self.clock.monotonic() + budget
-        pause = RETRY_FIRST * self.interval
-        while True:
+        async def attempt(left: float) -> T:
             task: asyncio.Task[T] | None = self._inflight.get(key)
             if task is None or task.done():
                 task = asyncio.create_task(self._capped(call), name=f"shardlease-{key}")
@@ -100,9 +87,20 @@ class Calls:
                 # retrieved here, not reported at garbage collection.
                 task.add_done_callback(_retrieve)
                 self._inflight[key] = task
-            left = end - self.clock.monotonic()
+            return await asyncio.wait_for(asyncio.shield(task), left)
+
+        return await self._retried(what, self.budget, attempt)
+
+    async def _retried(self, what: str, budget: float,
+                       attempt: Callable[[float], Awaitable[T]]) -> T:
+        """Tries `attempt(seconds left)` until it answers or the budget ends:
+        failures are retried after a pause doubling from RETRY_FIRST up to
+        RETRY_MAX of the interval, jittered, never sleeping past the budget."""
+        end = self.clock.monotonic() + budget
+        pause = RETRY_FIRST * self.interval
+        while True:
             try:
-                return await asyncio.wait_for(asyncio.shield(task), max(0.0, left))
+                return await attempt(max(0.0, end - self.clock.monotonic()))
             except TimeoutError:
                 raise StoreError(f"{what}: no answer within {budget:.3g}s") from None
             except StoreError:
