@@ -106,21 +106,24 @@ class EpochWatch:
 
     async def collect(self, named: dict[EpochKey, None]) -> None:
         """Delete epoch records no lease names that are over, or unchanged for
-        EPOCH_GC_TTLS (crashed nodes'). Deleting one that is in fact alive (a
-        stale view) is safe: its owner's next write is refused, and a deleted
-        epoch is waited a TTL before it is taken over."""
+        EPOCH_GC_TTLS (crashed nodes'). One not known to be over is first
+        ended by a compare-and-swap against the version seen: a view that is
+        stale (the owner wrote since) fails it and deletes nothing, so a live
+        node never loses its epoch to another node's garbage collection."""
         now = self.clock.monotonic()
         dead = [key for key, seen in self.seen.items()
                 if seen.version != MISSING and key not in named
                 and key != (self.name, self.own())
                 and (key in self.ended or now - seen.since > EPOCH_GC_TTLS * self.ttl())]
-        for node, epoch in dead[:PER_ROUND]:
+        for key in dead[:PER_ROUND]:
+            if key not in self.ended and not await self._end(key, quiet=True):
+                continue
             try:
-                await self.calls.bounded(f"deletion of epoch {node}/{epoch}",
+                await self.calls.bounded(f"deletion of epoch {key[0]}/{key[1]}",
                                          functools.partial(self.store.delete_epoch,
-                                                           self.cluster, node, epoch))
+                                                           self.cluster, *key))
             except StoreError as e:
-                logger.info("could not delete the epoch %s/%s: %s", node, epoch, e)
+                logger.info("could not delete the epoch %s/%s: %s", *key, e)
 
     async def check_suspects(self) -> None:
         """Read the epochs that changed after a silence: one a peer ended is
@@ -138,6 +141,10 @@ class EpochWatch:
                 self.ended.add(key)
 
     async def end(self, key: EpochKey) -> bool:
+        """Take over a silent epoch (see `_end`)."""
+        return await self._end(key)
+
+    async def _end(self, key: EpochKey, quiet: bool = False) -> bool:
         """Take over a silent epoch: end it by a compare-and-swap against the
         version this node has seen unchanged for a TTL (or create it ended,
         if it has been missing that long). True once it is over."""
@@ -166,9 +173,12 @@ class EpochWatch:
         except StoreError as e:
             logger.info("could not end the epoch %s/%s: %s", node, epoch, e)
             return False
+        self.ended.add(key)
+        if quiet:  # (a crashed node's epoch nobody needs: garbage)
+            logger.info("ended the epoch %s of node %s, silent and holding nothing", epoch, node)
+            return True
         logger.warning("ended the epoch %s of node %s, silent for a TTL: taking its leases",
                        epoch, node)
-        self.ended.add(key)
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
                                        epoch=epoch))
         return True

@@ -229,6 +229,7 @@ class PlacementLoop:
         self._owner_rows: dict[int, tuple[Lease, Owner]] = {}
         #: The last lease listing, and what was worked out from it.
         self._last_listing: dict[int, Stored[Lease]] = {}
+        #: The epochs node-mode leases of the last listing name, in shard order.
         self._named: dict[EpochKey, None] = {}
         self._free_shards: list[int] = []
         self._hb_seq = 0
@@ -677,14 +678,6 @@ class PlacementLoop:
             return None
         return await self.epoch_watch.read()
 
-    def _named_epochs(self, leases: dict[int, Stored[Lease]]) -> dict[EpochKey, None]:
-        """The epochs node-mode leases name, in shard order."""
-        if leases is self._last_listing:
-            return self._named  # worked out while reading it
-        return {(rec.owner, rec.incarnation or ""): None for st in leases.values()
-                if (rec := st.record) is not None and rec.renewal == "node"
-                and rec.owner is not None}
-
     def _check_alive(self, runner: asyncio.Task[None],
                      keepers: list[asyncio.Task[None]]) -> None:
         if runner.done():
@@ -863,9 +856,9 @@ class PlacementLoop:
         live, epochs, leases = await asyncio.gather(self._live_nodes(), self._read_epochs(),
                                                     self._read_leases())
         if leases is not None:
-            self._node_leases = bool(self._named_epochs(leases))
+            self._node_leases = bool(self._named)
         if epochs is not None:
-            self.epoch_watch.observe(epochs, self._named_epochs(leases) if leases else {})
+            self.epoch_watch.observe(epochs, self._named if leases is not None else {})
             if self.epoch_watch.suspects and not self._stopping:
                 # Before the share: an epoch a peer ended is no live node.
                 await self.epoch_watch.check_suspects()
@@ -886,7 +879,7 @@ class PlacementLoop:
                 # nobody else may take it, so it is freed here.
                 await self._free_strays(leases)
         if leases is not None and epochs is not None:
-            await self.epoch_watch.collect(self._named_epochs(leases))
+            await self.epoch_watch.collect(self._named)
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),

@@ -263,3 +263,12 @@ def test_node_mode_a_lost_epoch_write_answer_is_not_taken_for_an_ended_epoch() -
                    calls=frozenset({"get_lease", "get_epoch"}))])
     assert r.violations == [], "\n".join(r.violations)
     assert r.counts.get("epoch_ended", 0) == 0
+
+
+def test_node_mode_a_stale_view_does_not_delete_a_live_epoch() -> None:
+    # Found by the property run: n1's listings frozen for 4 TTLs showed n4's
+    # epoch unchanged and named by no lease, so n1 collected it as garbage;
+    # n4's next write failed and it fenced its shard with no warning.
+    r = run_scenario(nodes=5, shards=4, seed=1, max_concurrency=1, renewal="node", faults=[
+        Crash(at=10.0, node="n0"), StoreFault(at=10.0, until=70.0, node="n1", stale=True)])
+    assert r.violations == [], "\n".join(r.violations)
