@@ -166,3 +166,30 @@ async def test_an_epoch_write_whose_answer_was_lost_is_not_taken_for_an_ended_ep
     assert a.loop.epoch == epoch
     assert a.opened() == {0, 1}
     await a.stop()
+
+
+@virtual
+async def test_a_stop_frees_the_stray_a_fenced_shard_left() -> None:
+    # Node mode frees strays every round, which left `_strays` False; a
+    # fenced shard whose free then failed for its whole budget was dropped
+    # as "it will expire", and a stop whose first listing failed ended at
+    # once instead of trying again: the lease was left for a newcomer to
+    # wait out.
+    backend = MemoryBackend()
+    a = node("a", backend, shards=1).start()
+    await asyncio.sleep(12)
+    assert a.opened() == {0}
+    a.store.fail["update_epoch"] = 10_000  # the epoch lapses: shard 0 is fenced
+    a.store.fail["update_lease"] = 10_000  # ...and its free fails for the whole budget
+    await asyncio.sleep(27)
+    assert a.of(SelfFence) and a.loop.held == {}
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner == "a"  # left behind
+    a.store.fail.clear()
+    a.store.fail["list_leases"] = 10_000
+    stopping = asyncio.create_task(a.stop())
+    await asyncio.sleep(6)  # the first stopping round's listing has failed
+    a.store.fail.clear()
+    await stopping
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None, rec

@@ -498,6 +498,9 @@ class PlacementLoop:
         if not self._stopping:
             self._stopping = True
             self._stop_started = self.clock.monotonic()
+            # Node mode frees strays every round, so this may be False; what
+            # a stop leaves (a fenced shard whose free fails) is looked for again.
+            self._strays = True
             logger.info("stopping: releasing %d shard(s)", len(self.held))
             if self.mode == "node":
                 # Peers stop counting this node once its epoch is gone; the
@@ -1174,8 +1177,10 @@ class PlacementLoop:
                 return
             except StoreError:
                 if held.reason is Reason.FENCED:
-                    # Fenced: the lease is not ours to keep; it will expire.
+                    # Fenced: the lease is not ours to keep; it will expire,
+                    # or be freed as a stray once the store answers.
                     self.held.pop(shard, None)
+                    self._strays = True
                     return
                 raise
             self.held.pop(shard, None)

@@ -596,7 +596,7 @@ class World:
 
     def _check_departed(self, node: SimNode) -> None:
         """(g) After a graceful stop: nothing open at its host, and -- unless
-        its store calls were failing during the stop, when a lease or the
+        its store calls were failing (or paused) during the stop, when a lease or the
         heartbeat may be left to expire (recorded as `left_behind`) -- no
         lease and no heartbeat of this incarnation."""
         t = f"{self.now():.3f} {node.label}"
@@ -616,6 +616,13 @@ class World:
         failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
                       and (f.error_rate > 0 or f.lost_reply_rate > 0)
                       for f in self.store_faults)
+        # A pause leaves the stop's store calls unanswered until it ends; if
+        # that leaves no time for a round (one abandoned call's budget, then
+        # the stopping pace) within the stop's window (a TTL from the stop),
+        # the stop gives up and the leases expire.
+        loop = node.loop
+        failing = failing or node.paused_until + loop.budget + loop.options.interval_s \
+            > start + loop.ttl
         if failing:
             if kept or beat:
                 self.record(node.label, "left_behind",
