@@ -110,11 +110,16 @@ async def test_owners_json_has_one_entry_per_shard_sorted(tmp_path: Path) -> Non
     doc = json.loads(result.stdout)  # one JSON object, nothing else on stdout
     # No node ever ran: the owners have no heartbeat; these records carry no `since`.
     assert doc["shards"] == [
-        {"shard": 0, "owner": "a", "generation": 1, "since": None, "heartbeat": False},
-        {"shard": 1, "owner": None, "generation": 0, "since": None, "heartbeat": None},
-        {"shard": 2, "owner": "b", "generation": 3, "since": None, "heartbeat": False},
-        {"shard": 3, "owner": None, "generation": 0, "since": None, "heartbeat": None},
-        {"shard": 4, "owner": None, "generation": 7, "since": None, "heartbeat": None},
+        {"shard": 0, "owner": "a", "generation": 1, "since": None, "heartbeat": False,
+         "renewal": "shard"},
+        {"shard": 1, "owner": None, "generation": 0, "since": None, "heartbeat": None,
+         "renewal": None},
+        {"shard": 2, "owner": "b", "generation": 3, "since": None, "heartbeat": False,
+         "renewal": "shard"},
+        {"shard": 3, "owner": None, "generation": 0, "since": None, "heartbeat": None,
+         "renewal": None},
+        {"shard": 4, "owner": None, "generation": 7, "since": None, "heartbeat": None,
+         "renewal": None},
     ]
     assert "shard 3" in result.stderr and "corrupt" in result.stderr
 
@@ -123,7 +128,7 @@ async def test_owners_json_has_one_entry_per_shard_sorted(tmp_path: Path) -> Non
     shards = json.loads(result.stdout)["shards"]
     assert [s["shard"] for s in shards] == list(range(8))
     assert shards[7] == {"shard": 7, "owner": None, "generation": 0, "since": None,
-                         "heartbeat": None}
+                         "heartbeat": None, "renewal": None}
 
 
 def test_owners_of_an_empty_cluster_is_an_empty_list(tmp_path: Path) -> None:

@@ -272,7 +272,8 @@ async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
         print(json.dumps({"cluster": args.cluster,
                           "shards": [{"shard": r.shard, "owner": r.owner,
                                       "generation": r.generation, "since": r.since or None,
-                                      "heartbeat": r.heartbeat} for r in rows]}))
+                                      "heartbeat": r.heartbeat, "renewal": r.renewal}
+                                     for r in rows]}))
     else:
         print(owners_table(rows))
     return EXIT_OK

@@ -61,6 +61,17 @@ refused, fences every shard of that epoch at once and starts a new epoch.
 Every node judges each lease by the way the lease says it is kept, whatever
 its own mode. A graceful stop first turns its node-mode leases into shard-mode
 ones (one write each), then retires the epoch and stops as in shard mode.
+
+Older peers (the rolling-upgrade guard). A node of a version before node mode
+reads a node-mode lease as a shard-mode one, and would take it once it has
+seen it unchanged for a TTL. Such a node writes heartbeats and no epoch; so a
+node-mode node reads the heartbeats every round, and while any live peer
+beats without a live epoch (`older`) it keeps leases the shard way: it claims
+shard-mode leases, turns its node-mode ones into shard-mode ones at once (one
+that cannot be turned in time is fenced), and writes heartbeats (so the older
+node counts it). When no such peer is left, renewals turn its leases back
+into node-mode ones, one epoch write at a time. docs/renewal.md says what
+this guarantees and what it cannot.
 docs/renewal.md has the safety argument.
 
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
@@ -87,7 +98,7 @@ from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
-from shardlease.records import Epoch, Heartbeat, Lease, Stored, new_write_id
+from shardlease.records import Epoch, Heartbeat, Lease, Renewal, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
@@ -117,10 +128,6 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
-#: Node mode: while the heartbeat listing finds nobody (no node keeps leases
-#: by heartbeat and per-lease renewal: a pure node-mode cluster), it is read
-#: only every HEARTBEAT_READ_EVERY rounds; it only counts such peers.
-HEARTBEAT_READ_EVERY = 4
 
 
 class Phase(enum.Enum):
@@ -236,7 +243,8 @@ class PlacementLoop:
         # Held by a heartbeat write and by its deletion: a graceful stop must
         # not delete the heartbeat while a write of it is on its way.
         self._hb_lock = asyncio.Lock()
-        self._hb_deleted = options.renewal == "node"  # node mode writes none
+        # Node mode writes none, except while an older peer is live.
+        self._hb_deleted = options.renewal == "node"
         self._stop_started: float | None = None
         # -- node mode: this node's epoch, and what it saw of everyone's.
         self.epoch = self.incarnation
@@ -251,11 +259,21 @@ class PlacementLoop:
         self._epoch_deadline: float | None = None
         self._epoch_lock = asyncio.Lock()
         self._epoch_retired = False
-        #: Node mode: rounds since the heartbeat listing last ran (it is
-        #: skipped while it finds nobody; see HEARTBEAT_READ_EVERY).
-        self._beats_skipped = 0
-        #: Whether the last heartbeat listing showed a live peer.
-        self._beating_peers = False
+        #: Peers live by their heartbeats in the last listing (not this node).
+        self._beating: set[str] = set()
+        #: When the heartbeat listing before the last successful one started:
+        #: a heartbeat first seen in the last one was written after that.
+        self._beats_listed: tuple[float | None, float | None] = (None, None)
+        #: Node mode: live peers that beat without a live epoch (nodes of an
+        #: older version, or in shard mode): while there are any, leases are
+        #: kept the shard way (see "Older peers" above).
+        self.older: set[str] = set()
+        #: Whether `older` was worked out from listings of both heartbeats
+        #: and epochs (no node-mode claim before).
+        self._older_known = False
+        #: While `older` is not empty: by when each node-mode lease must have
+        #: become a shard-mode one, or be fenced.
+        self._older_cap = math.inf
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -421,10 +439,17 @@ class PlacementLoop:
         return self.runner.shards()
 
     @property
+    def claim_renewal(self) -> Renewal:
+        """How a lease claimed now is kept: the options' mode, except shard
+        while an older peer is live (it would read a node-mode lease as a
+        shard-mode one)."""
+        return "node" if self.mode == "node" and not self.older else "shard"
+
+    @property
     def lease_incarnation(self) -> str:
         """What a lease claimed now names as its owner's incarnation: this
         process's, or in node mode its current epoch."""
-        return self.epoch if self.mode == "node" else self.incarnation
+        return self.epoch if self.claim_renewal == "node" else self.incarnation
 
     @property
     def own_epochs(self) -> set[str]:
@@ -441,11 +466,11 @@ class PlacementLoop:
         stops on its own, `EngineError` if another of the loop's tasks does."""
         runner = asyncio.create_task(self.runner.run(), name="shardlease-runner")
         keepers = [
-            asyncio.create_task(self._epochs(), name="shardlease-epochs")
-            if self.mode == "node"
-            else asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
+            asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
             asyncio.create_task(self._renewals(), name="shardlease-renewals"),
         ]
+        if self.mode == "node":
+            keepers.append(asyncio.create_task(self._epochs(), name="shardlease-epochs"))
         try:
             while True:
                 started = self.clock.monotonic()
@@ -479,7 +504,7 @@ class PlacementLoop:
             if self.mode == "node":
                 with contextlib.suppress(StoreError, TimeoutError):
                     await asyncio.wait_for(self._retire_epoch(), self.options.interval_s)
-            elif not self._hb_deleted:
+            if not self._hb_deleted:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
                 with contextlib.suppress(StoreError, TimeoutError):
@@ -510,7 +535,7 @@ class PlacementLoop:
                     await self._retire_epoch()
                 except StoreError as e:
                     logger.warning("could not delete the epoch record: %s", e)
-            else:
+            if not self._hb_deleted:
                 try:
                     await self._delete_heartbeat()
                 except StoreError as e:
@@ -583,7 +608,7 @@ class PlacementLoop:
             for shard in self._epoch_shards(epoch):
                 self.runner.extend(shard, self._epoch_deadline)
             self.runner.flush()  # the host learns the moved deadlines, in one call
-            return True
+        return True
 
     async def _still_ours(self, epoch: str) -> bool:
         """A write of our epoch conflicted: with an earlier write of ours whose
@@ -637,10 +662,14 @@ class PlacementLoop:
                     lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
                 self._epoch_version = None
 
-    async def _hand_over(self) -> None:
-        """Stopping in node mode: rewrite each node-mode lease as a
-        shard-mode one, so that it is kept by its own record (renewed by the
-        renewals while the runner closes its shard) once the epoch is gone."""
+    async def _hand_over(self, cap: float | None = None) -> None:
+        """Rewrite each node-mode lease as a shard-mode one, so that it is
+        kept by its own record (renewed by the renewals): when stopping in
+        node mode (the epoch goes away), or when an older peer is live (it
+        would take a node-mode lease it saw unchanged for a TTL). With `cap`
+        (the latter), a lease not rewritten by then is fenced: the older peer
+        may count its TTL from before we saw it, and an answer that did not
+        come leaves the record unknown while the epoch goes on."""
 
         async def one(shard: int, held: _Held) -> None:
             async with held.lock:
@@ -649,6 +678,11 @@ class PlacementLoop:
                     return
                 sent = self.clock.monotonic()
                 deadline = self.runner.deadline(shard)
+                if cap is not None:
+                    deadline = cap if deadline is None else min(deadline, cap)
+                    if deadline <= sent:
+                        self.runner.fence([shard])
+                        return
                 lease = held.lease.model_copy(update={
                     "renewal": "shard", "write_id": new_write_id(),
                     "renewed_at": self.clock.wall(),
@@ -661,6 +695,11 @@ class PlacementLoop:
                     self._lost(shard)
                     return
                 except StoreError as e:
+                    if cap is not None:
+                        logger.warning("shard %d could not be turned into a shard-mode lease "
+                                       "in time for an older peer: fencing it: %s", shard, e)
+                        self.runner.fence([shard])
+                        return
                     logger.warning("shard %d stays on the epoch, fenced at its deadline: %s",
                                    shard, e)
                     return
@@ -674,6 +713,37 @@ class PlacementLoop:
                 await one(shard, held)
 
         await asyncio.gather(*(limited(s, h) for s, h in list(self.held.items())))
+
+    async def _check_older(self) -> None:
+        """Work out the older peers (live by heartbeat, with no live epoch)
+        from the listings just read, and keep leases the shard way while
+        there are any (see "Older peers" in the module's text)."""
+        if not self.epoch_watch.fresh or self._beats_listed[1] is None:
+            return  # a listing failed: keep what was known
+        older = self._beating - self.epoch_watch.live()
+        self._older_known = True
+        if older and not self.older:
+            # A heartbeat first seen in the last listing was written after
+            # the listing before it started; an older node may have read our
+            # leases since then, and takes one a TTL after it first saw it.
+            since = self._beats_listed[0]
+            self._older_cap = (since if since is not None else self.clock.monotonic()) \
+                + self.ttl - self.options.margin_s
+            held = sum(1 for h in self.held.values() if h.by_epoch)
+            logger.warning(
+                "peer(s) %s keep leases by heartbeat and have no epoch (a version before "
+                "node renewal, or renewal: shard): keeping leases by shard renewal while "
+                "they are live; turning %d node-mode lease(s) into shard-mode ones",
+                ", ".join(sorted(older)), held)
+        elif self.older and not older:
+            logger.info("no peer without an epoch is left: leases go back to node renewal")
+            self._older_cap = math.inf
+        became = older and not self.older
+        self.older = older
+        if older:
+            if became:
+                await self._heartbeat()  # so that the older peers count this node
+            await self._hand_over(cap=self._older_cap)
 
     async def _read_epochs(self) -> dict[EpochKey, str] | None:
         if self.mode != "node" and not self._node_leases:
@@ -706,9 +776,18 @@ class PlacementLoop:
             await self._pause(due)
 
     async def _heartbeat(self) -> None:
+        if self.mode == "node" and not self.older:
+            if not self._hb_deleted and not self._stopping:
+                # The older peers are gone: nobody counts nodes by heartbeat.
+                try:
+                    await self._delete_heartbeat()
+                except StoreError as e:
+                    logger.info("could not delete the heartbeat: %s", e)
+            return
         async with self._hb_lock:
             if self._stopping:
                 return
+            self._hb_deleted = False
             self._hb_seq += 1
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
                            seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
@@ -794,6 +873,9 @@ class PlacementLoop:
             sent = self.clock.monotonic()
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
+            if deadline is not None and self._to_epoch(held, deadline):
+                await self._by_epoch_again(shard, held, sent, deadline)
+                return
             lease = held.lease.model_copy(update={
                 "write_id": new_write_id(), "renewed_at": self.clock.wall(),
                 "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
@@ -807,11 +889,46 @@ class PlacementLoop:
             held.lease, held.version = lease, version
             self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
+    def _to_epoch(self, held: _Held, deadline: float) -> bool:
+        """Whether this renewal of a shard-mode lease (claimed while an older
+        peer was live) turns it back into a node-mode one of the current
+        epoch: only once no older peer is left, and only if the epoch's
+        deadline covers the shard's (the record's validity becomes the
+        epoch's, and no deadline moves backwards). The last epoch write
+        normally came after the last renewal, so this holds."""
+        return (self.claim_renewal == "node" and self._older_known and not self._stopping
+                and held.phase is Phase.HELD and held.lease.ttl == self._epoch_ttl
+                and self._epoch_valid() and self._epoch_deadline is not None
+                and deadline <= self._epoch_deadline)
+
+    async def _by_epoch_again(self, shard: int, held: _Held, sent: float,
+                              deadline: float) -> None:
+        """The renewal that turns a shard-mode lease into a node-mode one."""
+        epoch = self.epoch
+        lease = held.lease.model_copy(update={
+            "renewal": "node", "incarnation": epoch, "write_id": new_write_id(),
+            "renewed_at": self.clock.wall()})
+        try:
+            version = await self.calls.bounded(
+                f"renewal of shard {shard} by its epoch", lambda: self._write_held(held, lease),
+                budget=deadline - sent)
+        except Conflict:
+            self._lost(shard)
+            return
+        held.lease, held.version = lease, version
+        if epoch != self.epoch or not self._epoch_valid() or self._epoch_deadline is None:
+            # The epoch ended while the write was on its way: the record now
+            # names an epoch that peers may end, or have ended.
+            self.runner.fence([shard])
+            return
+        self.runner.extend(shard, self._epoch_deadline)
+
     async def _write_held(self, held: _Held, lease: Lease) -> str:
         """Compare-and-swap a lease this node holds. A conflict may be this
         node's own earlier write whose answer was lost and could not be
-        recognised then (the read-back failed too): if the record is still
-        this incarnation's, with our generation, nobody else wrote it, so take
+        recognised then (the read-back failed too): if the record still names
+        this process (any of its epochs), with our generation, nobody else
+        wrote it, so take
         its version and write once more. Raises `Conflict` when another node
         wrote the record, `StoreError` when that cannot be told yet."""
         try:
@@ -819,8 +936,10 @@ class PlacementLoop:
         except Conflict:
             current = await self.store.get_lease(self.cluster, lease.shard)
             rec = current.record if current is not None else None
+            # (Any incarnation of this process: a write that turned the lease
+            # into a node-mode one, or back, names another.)
             if current is None or rec is None or rec.owner != self.name \
-                    or rec.incarnation != held.lease.incarnation \
+                    or rec.incarnation not in self.own_epochs \
                     or rec.generation != held.lease.generation \
                     or current.version == held.version:
                 raise
@@ -869,6 +988,8 @@ class PlacementLoop:
             if self._stopping:
                 live.discard(self.name)
             self._live = live
+            if self.mode == "node" and not self._stopping:
+                await self._check_older()
         share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
         self._release_beyond()
         self._release_excess(share)
@@ -890,11 +1011,10 @@ class PlacementLoop:
                                   ok=leases is not None))
 
     async def _live_nodes(self) -> set[str]:
-        if self.mode == "node" and not self._beating_peers and not self._stopping \
-                and self._beats_skipped < HEARTBEAT_READ_EVERY - 1 and self.rounds > 0:
-            self._beats_skipped += 1
-            return {self.name}
-        self._beats_skipped = 0
+        # Read every round, in node mode too, though a pure node-mode cluster
+        # writes no heartbeat: an older node (see "Older peers") shows only
+        # here, and must be seen within a round of its first heartbeat.
+        started = self.clock.monotonic()
         try:
             beats = await self.calls.joined("heartbeats", "heartbeat listing",
                                        lambda: self.store.list_heartbeats(self.cluster))
@@ -909,7 +1029,8 @@ class PlacementLoop:
         for node in set(self._beats) - set(beats):
             del self._beats[node]  # deleted: a graceful stop
         live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
-        self._beating_peers = bool(live - {self.name})
+        self._beating = live - {self.name}
+        self._beats_listed = (self._beats_listed[1], started)
         if not self._stopping:
             live.add(self.name)
         else:
@@ -1040,8 +1161,10 @@ class PlacementLoop:
         adopted = set(orphans[:ADOPT_PER_ROUND])
         if not chosen and not adopted:
             return
-        if self.mode == "node" and not self._epoch_valid():
-            return  # no epoch to tie a lease to yet (or it is failing)
+        if self.claim_renewal == "node" and not (self._epoch_valid() and self._older_known):
+            # No epoch to tie a lease to yet (or it is failing), or not known
+            # yet whether an older peer would misread a node-mode lease.
+            return
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
         # Each silent epoch is ended once, before any of its leases is claimed.
         ending: dict[EpochKey, asyncio.Task[bool]] = {}
@@ -1085,12 +1208,12 @@ class PlacementLoop:
         generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
         now = self.clock.wall()
         epoch = self.epoch
-        by_epoch = self.mode == "node"
+        by_epoch = self.claim_renewal == "node"
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
                       incarnation=epoch if by_epoch else self.incarnation,
                       write_id=new_write_id(), renewed_at=now, since=now,
                       ttl=self._epoch_ttl if by_epoch else self.ttl,
-                      renewal=self.mode)
+                      renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:
             version = await self.store.write_lease(lease, stored.version if stored else None)

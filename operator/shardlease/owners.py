@@ -21,6 +21,8 @@ class OwnerRow:
     #: read cannot tell a live node from a dead one (that takes a TTL of
     #: watching); a node with no heartbeat at all has stopped or never ran.
     heartbeat: bool | None = None
+    #: How the owner keeps the lease ("shard" or "node"); None when unowned.
+    renewal: str | None = None
 
 
 async def read_owners(store: LeaseStore, cluster: str, shards: int | None,
@@ -49,7 +51,8 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None,
             rec = stored.record
             rows.append(OwnerRow(shard, rec.owner, rec.generation, rec.since,
                                  None if beating is None or rec.owner is None
-                                 else rec.owner in beating))
+                                 else rec.owner in beating,
+                                 rec.renewal if rec.owner is not None else None))
     return rows, problems
 
 

@@ -70,9 +70,13 @@ class LocalCluster:
         env.update(self.env or {})
         return env
 
-    def start(self, name: str, *extra: str, store_url: str | None = None) -> Node:
+    def start(self, name: str, *extra: str, store_url: str | None = None,
+              version: Path | None = None) -> Node:
         """Start node `name`; on `store_url` if given (the same store reached
-        another way, say through a fault-injecting proxy), else the cluster's."""
+        another way, say through a fault-injecting proxy), else the cluster's.
+        `version`: the directory holding another version's `shardlease`
+        package (imported first), for a node of that version; it gets only
+        the options every version has."""
         assert name not in self.nodes or not self.nodes[name].alive(), f"{name} is running"
         log = self.workdir / "logs" / f"{name}.log"
         events = self.workdir / "events" / f"{name}.jsonl"
@@ -81,10 +85,14 @@ class LocalCluster:
                    "--name", name, "--shards", str(self.shards),
                    "--lease-ttl", f"{self.ttl:g}", "--host", f"record:{events}",
                    "--log-format", "json", "--parent-pid", str(os.getpid()),
-                   "--renewal", self.renewal, *extra]
+                   *(() if version is not None else ("--renewal", self.renewal)), *extra]
+        env = self._env()
+        if version is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(version), env.get("PYTHONPATH", "")) if p)
         with open(log, "ab") as out:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    env=self._env(), start_new_session=True)
+                                    env=env, start_new_session=True)
         node = self.nodes[name] = Node(name, proc, log)
         self.stopped.discard(name)
         return node

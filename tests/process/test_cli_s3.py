@@ -81,8 +81,8 @@ def test_owners_reads_s3(s3_server: S3Server) -> None:
                         "-o", "json", env=s3_server.env())
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["shards"] == [
-        {"shard": s, "owner": None, "generation": 0, "since": None, "heartbeat": None}
-        for s in range(3)]
+        {"shard": s, "owner": None, "generation": 0, "since": None, "heartbeat": None,
+         "renewal": None} for s in range(3)]
 
 
 @pytest.mark.parametrize("command", ["node", "owners"])
