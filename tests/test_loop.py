@@ -74,8 +74,10 @@ class Node:
         self.host = StrictHost()
         self.telemetry = Telemetry()
         self.events = recorder(self.telemetry)
+        # These tests are of per-shard renewal unless they say otherwise
+        # (tests/test_node_renewal.py passes renewal="node").
         opts = Options(shards=shards, name=name, cluster_name=CLUSTER,
-                       **{"lease_ttl": 15.0, **options})
+                       **{"lease_ttl": 15.0, "renewal": "shard", **options})
         self.loop = PlacementLoop(self.store, self.host, opts, peers=peers, clock=LoopClock(),
                                   telemetry=self.telemetry, rng=random.Random(name))
         self.task: asyncio.Task[None] | None = None

@@ -12,6 +12,9 @@ from shardlease.records import MAX_LEASE_TTL
 def test_defaults_follow_the_seed() -> None:
     o = Options(shards=8, name="n")
     assert (o.lease_ttl, o.interval_s, o.margin_s, o.max_concurrency) == (15.0, 5.0, 2.5, 16)
+    # Not the seed's: node-epoch renewal, whose store traffic does not grow
+    # with the shards (docs/renewal.md).
+    assert o.renewal == "node"
 
 
 def test_explicit_interval_and_margin() -> None:

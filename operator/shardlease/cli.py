@@ -372,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds before expiry at which shards are fenced (lease-ttl/6)")
     node.add_argument("--max-concurrency", type=int, help="opens at once (16)")
     node.add_argument("--renewal", choices=("shard", "node"),
-                      help="how held leases are kept: 'shard' rewrites each lease every "
-                      "interval (default); 'node' writes one epoch record per node "
+                      help="how held leases are kept: 'node' writes one epoch record per "
+                      "node (default); 'shard' rewrites each lease every interval "
                       "(docs/renewal.md)")
     node.add_argument("--host", default="log",
                       help="log, http://127.0.0.1:PORT (sidecar) or record:PATH (tests)")

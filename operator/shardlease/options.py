@@ -44,10 +44,10 @@ class Options(BaseModel):
     open_timeout: float = Field(default=60.0, gt=0, description="Seconds an open may take.")
     close_timeout: float = Field(default=60.0, gt=0, description="Seconds one close try may take.")
     renewal: Renewal = Field(
-        default="shard",
-        description="How held leases are kept: 'shard' rewrites every lease every interval; "
-        "'node' rewrites only this node's epoch record, and a lease only when it is "
-        "claimed or freed (store traffic grows with the nodes, not the shards).")
+        default="node",
+        description="How held leases are kept: 'node' (the default) rewrites only this "
+        "node's epoch record, and a lease only when it is claimed or freed (store traffic "
+        "grows with the nodes, not the shards); 'shard' rewrites every lease every interval.")
 
     @property
     def interval_s(self) -> float:

@@ -53,7 +53,7 @@ async def test_a_store_or_renewal_change_restarts_and_an_incoherent_one_is_not_a
     loop, host = Loop(), HttpHost("http://h:1")
     agent.spec = spec(store="s3://bucket/prefix", leaseTTL=30.0)
     assert await agent._apply_in_place(loop, host, spec()) is None  # type: ignore[arg-type]
-    agent.spec = spec(renewal="node")
+    agent.spec = spec(renewal="shard")  # (BASE has the default, node)
     assert await agent._apply_in_place(loop, host, spec()) is None  # type: ignore[arg-type]
     current = spec()
     agent.spec = spec(leaseTTL=6.0, interval=5.0)  # interval >= ttl - margin

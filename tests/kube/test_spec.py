@@ -22,7 +22,7 @@ def test_the_shards_annotation_alone_gives_the_seed_defaults_and_the_namespace_s
     assert spec.to_body() == {
         "statefulSet": "db", "selector": {"app": "db"}, "shards": 64,
         "store": "kubernetes://shop", "leaseTTL": 15.0, "maxConcurrency": 16,
-        "renewal": "shard", "host": {"url": "http://127.0.0.1:8080"},
+        "renewal": "node", "host": {"url": "http://127.0.0.1:8080"},
     }
     opts = spec.options(name="db-0", cluster="db")
     assert (opts.interval_s, opts.margin_s) == (5.0, 2.5)

@@ -132,7 +132,8 @@ def minio() -> Iterator[Minio]:
 
 
 def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3,
-                    renewal: str = "shard") -> dict[str, Any]:
+                    renewal: str | None = "shard") -> dict[str, Any]:
+    """`renewal` None: no annotation, the default (node renewal)."""
     labels = {"app.kubernetes.io/name": "shardapp"}
     store = f"s3://{minio.bucket}/{ns}?endpoint={minio.endpoint}&path_style=true"
     # Liveness fails while /var/tmp/sick exists; the file is in the container's
@@ -142,7 +143,7 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3,
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "shardapp", "namespace": ns, "labels": labels, "annotations": {
             "shardlease.io/shards": str(SHARDS), "shardlease.io/lease-ttl": str(TTL),
-            "shardlease.io/renewal": renewal}},
+            **({"shardlease.io/renewal": renewal} if renewal is not None else {})}},
         "spec": {
             "replicas": replicas, "serviceName": "shardapp", "podManagementPolicy": policy,
             "selector": {"matchLabels": labels},
@@ -344,11 +345,12 @@ def container_pid(container_id: str, needle: str) -> int:
 # -- the scenario ----------------------------------------------------------------------------
 
 
-# Both pod management policies, and both renewal modes (docs/renewal.md).
+# Both pod management policies, and both renewal modes (docs/renewal.md):
+# shard by its annotation, node as the default (no annotation).
 @pytest.mark.parametrize(("policy", "renewal"), [("Parallel", "shard"),
-                                                 ("OrderedReady", "node")])
+                                                 ("OrderedReady", None)])
 def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: str,
-                                      renewal: str) -> None:
+                                      renewal: str | None) -> None:
     cluster = installed
     with fresh_namespace(cluster) as ns:
         app = App(cluster, ns)
@@ -368,12 +370,13 @@ def test_the_example_app_on_real_pods(installed: Cluster, minio: Minio, policy: 
 
 
 def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
-             renewal: str = "shard") -> None:
+             renewal: str | None = "shard") -> None:
     cluster.kubectl("create", "serviceaccount", "shardapp", "-n", ns)
     t0 = time.monotonic()
     cluster.kubectl("apply", "-f", "-",
                     input=json.dumps(app_statefulset(ns, policy, minio, renewal=renewal)))
-    policy = f"{policy}, {renewal} renewal"  # (the figures' label)
+    # (the figures' label)
+    policy = f"{policy}, {renewal or 'node (the default)'} renewal"
 
     # -- opt in: injection, Ready agents, Balanced, kubectl's view ---------------------
     with Sampler(app) as sampler:
@@ -387,6 +390,8 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
         assert hook["path"] == "/drain" and hook["httpHeaders"][0]["value"]
     table = cluster.kubectl("get", "shardsets", "-n", ns).stdout
     assert "shardapp" in table and "True" in table, table
+    # No annotation: node renewal, the default.
+    assert app.shardset()["spec"].get("renewal") == (renewal or "node")
     print(f"[pods] kubectl get shardsets:\n{table}")
     # The plugin, as typed: kubectl finds kubectl-shardlease on PATH.
     path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"

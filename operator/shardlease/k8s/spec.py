@@ -85,7 +85,7 @@ class ShardSetSpec(BaseModel):
     interval: float | None = Field(default=None, gt=0)
     margin: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=16, ge=1, alias="maxConcurrency")
-    renewal: Renewal = "shard"
+    renewal: Renewal = "node"
     host: HostSpec = Field(default_factory=HostSpec)
 
     @field_validator("store")
