@@ -853,6 +853,14 @@ class PlacementLoop:
                     failed.append(shard)
                     errors.append(str(e))
 
+        if self._epoch_deadline is not None and any(
+                self._wants_epoch(h) and (self.runner.deadline(s) or 0.0) > self._epoch_deadline
+                for s, h in self.held.items()):
+            # Leases to turn back into node-mode ones whose deadline the last
+            # epoch write does not cover (it was sent before their last
+            # renewal: the two tasks keep the same pace, often the same
+            # instant): one epoch write now covers them all.
+            await self._beat_epoch()
         # Node-mode leases are renewed by the epoch; only their frees are here.
         await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
                                if not h.by_epoch or h.phase is Phase.CLOSED))
@@ -889,17 +897,20 @@ class PlacementLoop:
             held.lease, held.version = lease, version
             self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
-    def _to_epoch(self, held: _Held, deadline: float) -> bool:
-        """Whether this renewal of a shard-mode lease (claimed while an older
-        peer was live) turns it back into a node-mode one of the current
-        epoch: only once no older peer is left, and only if the epoch's
-        deadline covers the shard's (the record's validity becomes the
-        epoch's, and no deadline moves backwards). The last epoch write
-        normally came after the last renewal, so this holds."""
+    def _wants_epoch(self, held: _Held) -> bool:
+        """Whether a held shard-mode lease (claimed while an older peer was
+        live) is to be turned back into a node-mode one of the current epoch:
+        once no older peer is left."""
         return (self.claim_renewal == "node" and self._older_known and not self._stopping
-                and held.phase is Phase.HELD and held.lease.ttl == self._epoch_ttl
-                and self._epoch_valid() and self._epoch_deadline is not None
-                and deadline <= self._epoch_deadline)
+                and not held.by_epoch and held.phase is Phase.HELD
+                and held.lease.ttl == self._epoch_ttl and self._epoch_valid())
+
+    def _to_epoch(self, held: _Held, deadline: float) -> bool:
+        """Whether this renewal turns the lease into a node-mode one: only if
+        the epoch's deadline covers the shard's (the record's validity
+        becomes the epoch's, and no deadline moves backwards)."""
+        return self._wants_epoch(held) and self._epoch_deadline is not None \
+            and deadline <= self._epoch_deadline
 
     async def _by_epoch_again(self, shard: int, held: _Held, sent: float,
                               deadline: float) -> None:
