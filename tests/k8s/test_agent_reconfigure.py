@@ -38,8 +38,11 @@ async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
     await apply_crd(api)
     await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        # Shard renewal: each lease record carries the TTL its last renewal
+        # wrote. (In node mode an epoch keeps its TTL for its life, so a new
+        # one shows in the next epoch: tests/test_reconfigure.py.)
         "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": 6,
-                 "store": f"kubernetes://{namespace}", "leaseTTL": 3.0}})
+                 "store": f"kubernetes://{namespace}", "leaseTTL": 3.0, "renewal": "shard"}})
     for name in PODS:
         await core.create_namespaced_pod(namespace, {
             "apiVersion": "v1", "kind": "Pod",
