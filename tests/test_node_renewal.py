@@ -7,9 +7,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from shardlease.records import Lease
 from shardlease.stores.memory import MemoryBackend
-from shardlease.telemetry import Claim, EpochEnded, Lost, RenewSlow, SelfFence
+from shardlease.telemetry import (
+    Claim,
+    EpochEnded,
+    Lost,
+    PrometheusMetrics,
+    RenewSlow,
+    SelfFence,
+)
 
 from .test_loop import CLUSTER, Node, idle, lease, virtual
 
@@ -211,6 +220,8 @@ async def test_a_peer_without_an_epoch_turns_node_leases_into_shard_leases_and_b
     await asyncio.sleep(30)
     assert renewals(backend, 8) == {"node"} and len(a.opened() | b.opened()) == 8
     assert backend.heartbeats == {}
+    registry = CollectorRegistry()
+    a.telemetry.subscribe(PrometheusMetrics(registry))
     older = Node("old", backend, shards=8, renewal="shard").start()
     overlaps: list[tuple[float, set[int]]] = []
 
@@ -224,6 +235,8 @@ async def test_a_peer_without_an_epoch_turns_node_leases_into_shard_leases_and_b
     sampler = asyncio.create_task(sample())
     await asyncio.sleep(6)  # one round of each sees its heartbeat
     assert a.loop.older == b.loop.older == {"old"}
+    assert registry.get_sample_value("shardlease_older_peers",
+                                     {"cluster": CLUSTER, "node": "a"}) == 1
     assert renewals(backend, 8) == {"shard"}
     assert {n for _, n in backend.heartbeats} == {"a", "b", "old"}
     await asyncio.sleep(30)
@@ -236,6 +249,8 @@ async def test_a_peer_without_an_epoch_turns_node_leases_into_shard_leases_and_b
     await older.stop()
     await asyncio.sleep(30)
     assert a.loop.older == b.loop.older == set()
+    assert registry.get_sample_value("shardlease_older_peers",
+                                     {"cluster": CLUSTER, "node": "a"}) == 0
     assert renewals(backend, 8) == {"node"}  # turned back by the renewals
     assert backend.heartbeats == {}
     assert len(a.opened() | b.opened()) == 8

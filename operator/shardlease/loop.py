@@ -1019,7 +1019,7 @@ class PlacementLoop:
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
-                                  ok=leases is not None))
+                                  ok=leases is not None, older_peers=len(self.older)))
 
     async def _live_nodes(self) -> set[str]:
         # Read every round, in node mode too, though a pure node-mode cluster
