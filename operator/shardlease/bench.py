@@ -189,7 +189,7 @@ def bench_scale(quick: bool) -> None:
     # 10,000 shards the simulation itself takes most of an hour, so it is
     # shown a size smaller.
     runs: tuple[tuple[Renewal, int, int], ...] = (
-        (("shard", 20, 1000), ("node", 20, 1000)) if quick else
+        (("shard", 10, 500), ("node", 10, 500)) if quick else
         (("shard", 100, 1000), ("node", 100, 10_000)))
     say("== rounds to balance at scale (simulation: real loops on virtual time, memory store, "
         "lease TTL 15s; the nodes start together, then one joins, one leaves, one crashes) ==")
@@ -882,7 +882,7 @@ def bench_requests(quick: bool, kubeconfig: str | None = None) -> None:
                 # here (4 nodes, 2 CPUs), so the interval (TTL/3) must exceed it.
                 # The smoke test (--quick) runs beside the rest of the suite, whose
                 # load once stretched shard mode's 64-shard rounds past a 3.8 s TTL.
-                floor = 8.0 if quick else 3.0
+                floor = 8.0 if quick and renewal == "shard" else 3.0
                 ttl = min(45.0, max(floor, shards / (17 if renewal == "shard" else 120)))
                 return steady_processes(url, shards, ttl, rounds, renewal)
 

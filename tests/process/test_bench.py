@@ -42,7 +42,7 @@ FIGURES = [
         r"S3 requests a month, s3 \(moto\), {mode} renewal, 64 shards, 4 nodes, "
         r"interval 5 s: \$\d",
         r"loop CPU per round, s3 \(moto\), {mode} renewal, 64 shards: \d+\.\d+ ms per node",
-        r"rounds to balance, {mode} renewal, 20 nodes x 1000 shards: start \d+, join \d+, "
+        r"rounds to balance, {mode} renewal, 10 nodes x 500 shards: start \d+, join \d+, "
         r"leave \d+, crash \d+; invariant violations: 0",
     )),
     r"file store write latency in .* \d+\.\d+ ms",
