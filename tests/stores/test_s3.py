@@ -20,7 +20,7 @@ from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
-from shardlease.records import MAX_RECORD_BYTES, encode
+from shardlease.records import MAX_RECORD_BYTES, Lease, Stored, encode
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.s3 import FULL_LIST_EVERY, QUIET_LISTINGS, S3Store
@@ -322,6 +322,16 @@ def leases_listed(store: S3Store) -> int:
     return store.requests["list"]
 
 
+async def quiet_reader(reader: S3Store) -> dict[int, Stored[Lease]]:
+    """Have `reader` list the heartbeats (nobody beats) and the leases twice:
+    the second listing finds nothing new, so it may answer from it next."""
+    assert await reader.list_heartbeats(CLUSTER) == {}
+    first = await reader.list_leases(CLUSTER)
+    again = await reader.list_leases(CLUSTER)
+    assert again == first
+    return again
+
+
 async def node_mode_cluster(holder: S3Store, shards: int = 8) -> dict[int, str]:
     """`shards` leases held by node-b in node mode (nobody heartbeats), every
     mark landed; their versions."""
@@ -338,6 +348,11 @@ async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after
     assert await store.list_heartbeats(CLUSTER) == {}
     first = await store.list_leases(CLUSTER)
     assert sorted(first) == list(range(8))
+    # Everything was new to the first listing: a second one (and a HEAD of
+    # the marker) makes sure the leases are at rest.
+    fresh_counts(store)
+    assert await store.list_leases(CLUSTER) == first
+    assert dict(store.requests) == {"get": 1, "list": 1}
 
     # Nothing moved: the marker's ETag (a HEAD here) says so, and the answer
     # is the same entries, without a listing.
@@ -361,7 +376,8 @@ async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after
     assert third[3].record == freed and third[9].record == claim
     assert all(third[s] is first[s] for s in first if s != 3), "unchanged: not fetched again"
 
-    # Quiet again: answered from that listing.
+    # Quiet again: once a listing found no move, answered from it.
+    assert await store.list_leases(CLUSTER) == third
     fresh_counts(store)
     assert await store.list_leases(CLUSTER) == third
     assert leases_listed(store) == 0
@@ -371,9 +387,7 @@ async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_le
         store: S3Store, other: S3Store) -> None:
     await node_mode_cluster(other)
     await other.create_epoch(make_epoch("node-b", "e1"))
-    await store.list_heartbeats(CLUSTER)
-    await store.list_epochs(CLUSTER)
-    await store.list_leases(CLUSTER)
+    await quiet_reader(store)
     for _ in range(3):  # a node-mode round: the three listings at once, in the loop's order
         fresh_counts(store)
         beats, epochs, _leases = await asyncio.gather(
@@ -391,8 +405,7 @@ async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_le
 async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_change(
         store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     await node_mode_cluster(other)
-    await store.list_heartbeats(CLUSTER)
-    await store.list_leases(CLUSTER)
+    await quiet_reader(store)
     # A hand edit puts no mark: the safety net finds it.
     hand = make_lease(shard=2, owner="node-z", generation=7, renewal="node")
     s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2),
@@ -403,6 +416,7 @@ async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_c
         calls += 1
         assert calls < FULL_LIST_EVERY
     assert leases_listed(store) == 1
+    await store.list_leases(CLUSTER)  # (it found a change: listed again)
     fresh_counts(store)
     for _ in range(2 * FULL_LIST_EVERY):
         await store.list_leases(CLUSTER)
@@ -411,9 +425,7 @@ async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_c
 
 async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Store) -> None:
     await node_mode_cluster(other)
-    await store.list_heartbeats(CLUSTER)
-    await store.list_leases(CLUSTER)
-    listed = await store.list_leases(CLUSTER)
+    listed = await quiet_reader(store)
     claim = rewrite(listed[4].record, owner="node-a", generation=2)  # type: ignore[arg-type]
     version = await store.update_lease(claim, listed[4].version)
     # Its own mark may not have landed yet: its view is void anyway.
@@ -424,8 +436,7 @@ async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Stor
 async def test_a_refused_write_marks_too_and_voids_the_writers_view(
         store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     versions = await node_mode_cluster(other)
-    await store.list_heartbeats(CLUSTER)
-    listed = await store.list_leases(CLUSTER)
+    listed = await quiet_reader(store)
     before = marker_etag(s3_server, s3_bucket)
     # The refusal of a retry whose first attempt landed looks the same.
     with pytest.raises(Conflict):
@@ -479,7 +490,7 @@ async def test_shard_mode_leases_or_a_beating_peer_make_every_call_list(
         await store.list_leases(CLUSTER)
     assert dict(store.requests) == {"list": 3}, "no HEAD either: it would not be used"
 
-    # Freed (a mark): the cluster is quiet again...
+    # Freed (a mark): the cluster is quiet again once a listing found no move...
     await other.update_lease(rewrite(shard_mode, owner=None), version)
     await settled(other)
     await store.list_leases(CLUSTER)

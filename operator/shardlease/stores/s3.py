@@ -150,8 +150,10 @@ class _Moves:
     view_marker: str | None = None
     view_local: int = -1
     #: The view holds a lease that changes without a mark (kept by shard
-    #: renewal, or unreadable): it must be listed every time.
+    #: renewal, or unreadable): it is listed every time.
     view_moving: bool = True
+    #: The view found a change since the listing before: listed again.
+    view_changed: bool = True
     #: Answers from the view since that listing.
     served: int = 0
     #: Bumped when a lease write of this object starts and when it ends (and
@@ -558,6 +560,7 @@ class S3Store(LeaseStore):
         - that listing held no lease that changes without a mark: none kept
           by shard renewal with an owner (its owner rewrites it every
           interval, and readers judge it live from that), none unreadable;
+          and it found every lease as the listing before it did;
         - the last heartbeat listing found nobody heartbeating (a peer that
           does may run a version that puts no marks);
         - this object wrote no lease since, and has no mark still to put;
@@ -587,17 +590,25 @@ class S3Store(LeaseStore):
             marker = await self._marker_now(cluster, moves)
             view = moves.view
             if view is not None and marker is not None and marker == moves.view_marker \
-                    and not moves.view_moving and moves.quiet and not moves.marking() \
+                    and not moves.view_moving and not moves.view_changed and moves.quiet \
+                    and not moves.marking() \
                     and moves.view_local == local == moves.local \
                     and moves.served < FULL_LIST_EVERY - 1:
                 moves.served += 1
                 return dict(view)
             leases = await self._list_all(cluster, directory)
+            # While leases move (a start, a join, a crash), peers act on each
+            # other's moves within a round, and a mark may land a moment
+            # after the write it is for: listed every round until one round
+            # shows no move. Unchanged entries are the very same objects.
+            before = moves.view
             moves.view, moves.view_marker, moves.view_local = leases, marker, local
             moves.view_moving = any(
                 stored.record is None
                 or (stored.record.renewal == "shard" and stored.record.owner is not None)
                 for stored in leases.values())
+            moves.view_changed = before is None or before.keys() != leases.keys() or any(
+                stored is not before[shard] for shard, stored in leases.items())
             moves.served = 0
             return dict(leases)
         finally:
