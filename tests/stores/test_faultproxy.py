@@ -93,6 +93,8 @@ async def test_every_request_is_counted_by_kind(proxy: FaultProxy, store: S3Stor
     version = await store.create_lease(make_lease(0))
     await store.update_lease(make_lease(0, generation=2), version)
     await store.put_heartbeat(make_heartbeat("n0"))
+    await store.marks_settled()  # the move marks the writes owe: a "put" each, or one for both
+    assert proxy.counts()["put"] in (1, 2)
     store.requests.clear()
     before = proxy.counts()
     await store.list_leases(CLUSTER)
@@ -107,7 +109,8 @@ async def test_every_request_is_counted_by_kind(proxy: FaultProxy, store: S3Stor
 
 async def test_slowdown_answers_are_s3_throttling_retried_then_reported(
         proxy: FaultProxy, store: S3Store) -> None:
-    proxy.set(Faults(error_rate=1.0))
+    # On the lease writes only: the move marks that follow them get through.
+    proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put-lease"})))
     with pytest.raises(StoreError, match="SlowDown") as failure:
         await store.create_lease(make_lease(0))
     assert "503" in str(failure.value)
@@ -154,7 +157,7 @@ async def test_a_store_whose_caller_retries_makes_one_attempt_per_call(
     one call, while a renewal's budget (1.5 s at a TTL of 3 s) runs out."""
     await store.list_leases(CLUSTER)  # the client exists before the switch
     store.retried_by_caller()
-    proxy.set(Faults(error_rate=1.0))
+    proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put-lease"})))  # (marks get through)
     for shard in range(3):
         with pytest.raises(StoreError, match="SlowDown"):
             await store.create_lease(make_lease(shard))
@@ -162,6 +165,31 @@ async def test_a_store_whose_caller_retries_makes_one_attempt_per_call(
     proxy.set(Faults())
     await store.create_lease(make_lease(0))
     assert (await store.get_lease(CLUSTER, 0)) is not None
+
+
+async def test_a_move_mark_that_failed_is_put_again_and_the_move_is_then_seen(
+        proxy: FaultProxy, store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    reader = test_s3.s3_store(s3_server, s3_bucket)  # straight to the server
+    try:
+        assert await test_s3.quiet_reader(reader) == {}
+        # Every marker PUT of the writer is refused (503); its lease writes land.
+        proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put"})))
+        claim = make_lease(0, owner="node-b", renewal="node")
+        await store.create_lease(claim)
+        await eventually(lambda: proxy.counts()["slowdown"] >= 4)  # retried, beyond botocore
+        assert test_s3.marker_etag(s3_server, s3_bucket) is None
+        # No mark landed: the reader's view stands (the claim is missed for now).
+        reader.requests.clear()
+        assert await reader.list_leases(CLUSTER) == {}
+        assert reader.requests["list"] == 0
+        proxy.set(Faults())
+        async with asyncio.timeout(60):
+            await store.marks_settled()
+        assert test_s3.marker_etag(s3_server, s3_bucket) is not None
+        seen = await reader.list_leases(CLUSTER)
+        assert seen.keys() == {0} and seen[0].record == claim
+    finally:
+        await reader.aclose()
 
 
 def test_the_placement_loop_has_its_store_leave_the_retries_to_it() -> None:

@@ -17,12 +17,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
+from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
-from shardlease.records import MAX_RECORD_BYTES, encode
+from shardlease.records import MAX_RECORD_BYTES, Lease, Stored, encode
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
-from shardlease.stores.s3 import S3Store
+from shardlease.stores.s3 import FULL_LIST_EVERY, QUIET_LISTINGS, S3Store
 from tests.support.s3server import S3Server
 
 from .contract import (
@@ -31,6 +32,7 @@ from .contract import (
     MakeStore,
     PutRaw,
     StoreContract,
+    make_epoch,
     make_heartbeat,
     make_lease,
     rewrite,
@@ -185,7 +187,8 @@ async def test_a_store_opened_from_a_url_works_against_that_endpoint(
     finally:
         await store.aclose()
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
-    assert keys == [f"from/url/{CLUSTER}/leases/2"]
+    # The claim, and the move marker put after it.
+    assert keys == [f"from/url/{CLUSTER}/epochs/moved", f"from/url/{CLUSTER}/leases/2"]
 
 
 async def test_without_an_endpoint_in_the_url_the_aws_variable_names_it(
@@ -197,7 +200,7 @@ async def test_without_an_endpoint_in_the_url_the_aws_variable_names_it(
         assert s3_server.endpoint in store.describe()
     finally:
         await store.aclose()
-    assert s3_server.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 1
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 2  # and the marker
 
 
 async def test_a_cluster_or_node_name_with_a_slash_is_refused(store: S3Store) -> None:
@@ -292,6 +295,241 @@ async def test_gets_run_concurrently_but_no_more_than_the_bound(
     finally:
         await bounded.aclose()
     assert peak == 4
+
+
+# -- the move marker: unchanged leases are not listed again ----------------------------------------
+
+
+def marker_key(cluster: str = CLUSTER) -> str:
+    return f"{PREFIX}/{cluster}/epochs/moved"
+
+
+def marker_etag(server: S3Server, bucket: str) -> str | None:
+    try:
+        return str(server.client().head_object(Bucket=bucket, Key=marker_key())["ETag"])
+    except ClientError:
+        return None
+
+
+async def settled(store: S3Store) -> None:
+    """Until every mark `store` owes has landed."""
+    async with asyncio.timeout(60):
+        await store.marks_settled()
+
+
+def leases_listed(store: S3Store) -> int:
+    """How many listings of the leases `store` made (it lists nothing else here)."""
+    return store.requests["list"]
+
+
+async def quiet_reader(reader: S3Store) -> dict[int, Stored[Lease]]:
+    """Have `reader` list the heartbeats (nobody beats) and the leases twice:
+    the second listing finds nothing new, so it may answer from it next."""
+    assert await reader.list_heartbeats(CLUSTER) == {}
+    first = await reader.list_leases(CLUSTER)
+    again = await reader.list_leases(CLUSTER)
+    assert again == first
+    return again
+
+
+async def node_mode_cluster(holder: S3Store, shards: int = 8) -> dict[int, str]:
+    """`shards` leases held by node-b in node mode (nobody heartbeats), every
+    mark landed; their versions."""
+    versions = {shard: await holder.create_lease(make_lease(shard=shard, owner="node-b",
+                                                            renewal="node"))
+                for shard in range(shards)}
+    await settled(holder)
+    return versions
+
+
+async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after_its_mark(
+        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    versions = await node_mode_cluster(other)
+    assert await store.list_heartbeats(CLUSTER) == {}
+    first = await store.list_leases(CLUSTER)
+    assert sorted(first) == list(range(8))
+    # Everything was new to the first listing: a second one (and a HEAD of
+    # the marker) makes sure the leases are at rest.
+    fresh_counts(store)
+    assert await store.list_leases(CLUSTER) == first
+    assert dict(store.requests) == {"get": 1, "list": 1}
+
+    # Nothing moved: the marker's ETag (a HEAD here) says so, and the answer
+    # is the same entries, without a listing.
+    fresh_counts(store)
+    second = await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"get": 1}
+    assert second == first and all(second[s] is first[s] for s in first)
+
+    # node-b frees shard 3 and claims shard 9: each write is followed by a mark.
+    before = marker_etag(s3_server, s3_bucket)
+    freed = rewrite(second[3].record, owner=None)  # type: ignore[arg-type]
+    await other.update_lease(freed, versions[3])
+    claim = make_lease(shard=9, owner="node-b", generation=1, renewal="node")
+    await other.create_lease(claim)
+    await store.list_leases(CLUSTER)  # may be before the mark landed: either answer
+    await settled(other)
+    assert marker_etag(s3_server, s3_bucket) != before
+    fresh_counts(store)
+    third = await store.list_leases(CLUSTER)
+    assert leases_listed(store) == 1
+    assert third[3].record == freed and third[9].record == claim
+    assert all(third[s] is first[s] for s in first if s != 3), "unchanged: not fetched again"
+
+    # Quiet again: once a listing found no move, answered from it.
+    assert await store.list_leases(CLUSTER) == third
+    fresh_counts(store)
+    assert await store.list_leases(CLUSTER) == third
+    assert leases_listed(store) == 0
+
+
+async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_lease(
+        store: S3Store, other: S3Store) -> None:
+    await node_mode_cluster(other)
+    await other.create_epoch(make_epoch("node-b", "e1"))
+    await quiet_reader(store)
+    for _ in range(3):  # a node-mode round: the three listings at once, in the loop's order
+        fresh_counts(store)
+        beats, epochs, _leases = await asyncio.gather(
+            store.list_heartbeats(CLUSTER), store.list_epochs(CLUSTER),
+            store.list_leases(CLUSTER))
+        assert beats == {}
+        assert list(epochs) == [("node-b", "e1")], "the marker is no epoch"
+        assert dict(store.requests) == {"list": 2}, "heartbeats and epochs, no lease listing"
+    # A heartbeat listing under way leaves the last one's word standing.
+    fresh_counts(store)
+    await asyncio.gather(store.list_leases(CLUSTER), store.list_heartbeats(CLUSTER))
+    assert dict(store.requests) == {"get": 1, "list": 1}, "a HEAD, and the heartbeats"
+
+
+async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_change(
+        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    await node_mode_cluster(other)
+    await quiet_reader(store)
+    # A hand edit puts no mark: the safety net finds it.
+    hand = make_lease(shard=2, owner="node-z", generation=7, renewal="node")
+    s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2),
+                                  Body=encode(hand))
+    fresh_counts(store)
+    calls = 0
+    while (await store.list_leases(CLUSTER))[2].record != hand:
+        calls += 1
+        assert calls < FULL_LIST_EVERY
+    assert leases_listed(store) == 1
+    await store.list_leases(CLUSTER)  # (it found a change: listed again)
+    fresh_counts(store)
+    for _ in range(2 * FULL_LIST_EVERY):
+        await store.list_leases(CLUSTER)
+    assert leases_listed(store) == 2
+
+
+async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Store) -> None:
+    await node_mode_cluster(other)
+    listed = await quiet_reader(store)
+    claim = rewrite(listed[4].record, owner="node-a", generation=2)  # type: ignore[arg-type]
+    version = await store.update_lease(claim, listed[4].version)
+    # Its own mark may not have landed yet: its view is void anyway.
+    after = await store.list_leases(CLUSTER)
+    assert after[4].version == version and after[4].record == claim
+
+
+async def test_a_refused_write_marks_too_and_voids_the_writers_view(
+        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    versions = await node_mode_cluster(other)
+    listed = await quiet_reader(store)
+    before = marker_etag(s3_server, s3_bucket)
+    # The refusal of a retry whose first attempt landed looks the same.
+    with pytest.raises(Conflict):
+        await store.create_lease(make_lease(shard=0, owner="node-a"))
+    await settled(store)
+    assert marker_etag(s3_server, s3_bucket) != before
+    fresh_counts(store)
+    assert await store.list_leases(CLUSTER) == listed
+    assert leases_listed(store) == 1
+    assert listed[0].version == versions[0]
+
+
+async def test_a_shard_mode_renewal_puts_no_mark_and_anything_else_does(
+        other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    lease = make_lease(shard=0, owner="node-b", generation=3)
+    version = await other.create_lease(lease)
+    await settled(other)
+    before = marker_etag(s3_server, s3_bucket)
+    assert before is not None, "a claim marks"
+    for _ in range(3):
+        lease = rewrite(lease)
+        version = await other.update_lease(lease, version)
+    await settled(other)
+    assert marker_etag(s3_server, s3_bucket) == before, "renewals in place put no mark"
+    for change in ({"renewal": "node"}, {"owner": None}):  # a conversion, a free
+        lease = rewrite(lease, **change)
+        version = await other.update_lease(lease, version)
+        await settled(other)
+        assert marker_etag(s3_server, s3_bucket) != before, change
+        before = marker_etag(s3_server, s3_bucket)
+    # A renewal of a record this client never saw: it cannot tell, so it marks.
+    unknown = s3_store(s3_server, s3_bucket)
+    try:
+        await unknown.update_lease(rewrite(lease, owner="node-b"), version)
+        await settled(unknown)
+    finally:
+        await unknown.aclose()
+    assert marker_etag(s3_server, s3_bucket) != before
+
+
+async def test_shard_mode_leases_or_a_beating_peer_make_every_call_list(
+        store: S3Store, other: S3Store) -> None:
+    await node_mode_cluster(other)
+    shard_mode = make_lease(shard=20, owner="node-c", generation=1)  # renewed in place
+    version = await other.create_lease(shard_mode)
+    await settled(other)
+    await store.list_heartbeats(CLUSTER)
+    await store.list_leases(CLUSTER)
+    fresh_counts(store)
+    for _ in range(3):
+        await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 3}, "no HEAD either: it would not be used"
+
+    # Freed (a mark): the cluster is quiet again once a listing found no move...
+    await other.update_lease(rewrite(shard_mode, owner=None), version)
+    await settled(other)
+    await store.list_leases(CLUSTER)
+    await store.list_leases(CLUSTER)
+    fresh_counts(store)
+    await store.list_leases(CLUSTER)
+    assert leases_listed(store) == 0
+    # ...until a peer heartbeats: it may run a version that puts no marks.
+    for seq in range(QUIET_LISTINGS + 1):
+        await other.put_heartbeat(make_heartbeat("node-old", seq=seq))
+        await store.list_heartbeats(CLUSTER)
+        fresh_counts(store)
+        await store.list_leases(CLUSTER)
+        assert leases_listed(store) == 1, seq
+    # A heartbeat left unchanged over QUIET_LISTINGS listings is nobody's.
+    for _ in range(QUIET_LISTINGS - 1):
+        await store.list_heartbeats(CLUSTER)
+        await store.list_leases(CLUSTER)
+    await store.list_heartbeats(CLUSTER)
+    await store.list_leases(CLUSTER)
+    fresh_counts(store)
+    await store.list_leases(CLUSTER)
+    assert leases_listed(store) == 0
+
+
+async def test_a_reader_that_never_listed_the_heartbeats_always_lists_the_leases(
+        store: S3Store, other: S3Store) -> None:
+    """`shardlease owners` and any one-shot reader see the truth."""
+    await node_mode_cluster(other)
+    for _ in range(3):
+        await store.list_leases(CLUSTER)
+    assert dict(store.requests) == {"list": 3, "get": 8}, "8 GETs, the first time"
+
+
+async def test_closing_a_store_puts_the_marks_it_owes(
+        other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+    await other.create_lease(make_lease(shard=0, renewal="node"))
+    await other.aclose()
+    assert marker_etag(s3_server, s3_bucket) is not None
 
 
 # -- untrusted records -----------------------------------------------------------------------------
@@ -393,8 +631,11 @@ def conditional_error(status: int, code: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def stubbed(s3_server: S3Server) -> AsyncIterator[tuple[S3Store, Any]]:
-    """A store whose client answers from a strict script (botocore's Stubber)."""
+    """A store whose client answers from a strict script (botocore's Stubber).
+    The scripts are the lease writes alone: the move marks that follow them
+    (tested on the servers) are not put."""
     store = S3Store("stubbed", PREFIX, endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    store._mark = lambda *_: None  # type: ignore[method-assign]
     client = await store._s3()
     with AioStubber(client) as stubber:
         yield store, stubber

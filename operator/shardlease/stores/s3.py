@@ -6,6 +6,8 @@ Layout under `s3://bucket/prefix`::
     <prefix>/<cluster>/heartbeats/<node>     one JSON heartbeat per node
     <prefix>/<cluster>/epochs/<node>@<epoch> one JSON epoch record per node
                                              incarnation (node-mode renewal)
+    <prefix>/<cluster>/epochs/moved          the move marker: random bytes,
+                                             rewritten after every lease move
     <prefix>/.shardlease-probe/<random>      written and removed by `check()`
 
 Versions are ETags without their quotes. Every lease write is conditional:
@@ -27,6 +29,16 @@ Request economy: `list_leases` makes one listing (one request per page of
 1000 keys) and GETs only the leases whose ETag differs from what this store
 object last read or wrote; `list_heartbeats` is one listing and no GET, since
 liveness is judged from ETags changing.
+
+In a node-mode steady state no lease record changes, yet the lease listing
+is most of the requests (a page per 1,000 shards, every round). So a lease
+write that readers must learn of (a claim, a free, a conversion: anything but
+a shard-mode renewal) is followed by a blind PUT of random bytes to the move
+marker, and `list_leases` answers from its last listing while the marker's
+ETag has not moved and nothing in that listing changes by itself (see
+`list_leases` for the rules, and why a stale answer is safe). The node-mode
+loop lists `epochs/` every round anyway: the marker lives there, so its ETag
+usually costs no request of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ import random
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -93,6 +106,27 @@ _KINDS = {
     "DeleteObject": "delete",
 }
 
+#: The move marker's name, in the epochs prefix: every version's
+#: `list_epochs` skips a name without "@", and a node-mode node lists that
+#: prefix every round, so the marker's ETag usually comes with no request of
+#: its own (a heartbeat-prefix name would read as a node to older versions).
+MOVED = "moved"
+#: Every FULL_LIST_EVERY-th `list_leases` of a cluster lists, whatever the
+#: marker says: the safety net for what no marker announces (a hand edit or
+#: deletion, a writer that died between its write and its mark, a node of a
+#: version without marks in node mode). A listing is a page per 1,000
+#: shards: 5 pages at 4,096 shards cost 0.6 requests a round, 9 at 8,192
+#: (the most a cluster may have) 1.1; a missed move is seen within 8 rounds.
+FULL_LIST_EVERY = 8
+#: A heartbeat seen at one ETag in this many listings in a row is nobody's
+#: beat any more (a crashed or stopped peer's leftover); one that changed
+#: within them may be a peer of a version that writes no marks.
+QUIET_LISTINGS = 3
+#: Pauses between attempts at a marker PUT that failed (seconds, doubling).
+MARK_RETRY_FIRST, MARK_RETRY_MAX = 0.2, 5.0
+#: The marker's ETag when there is no marker object (ETags are never empty).
+_NO_MARKER = ""
+
 _SAFE_STORES = ("AWS S3, a MinIO release with conditional PUTs, Ceph RGW, "
                 "Cloudflare R2, Google Cloud Storage's XML API, ...")
 
@@ -104,6 +138,44 @@ class _S3Failure(StoreError):
         super().__init__(message)
         self.code = code
         self.status = status
+
+
+@dataclass
+class _Moves:
+    """What one store object knows of one cluster's moves (`list_leases`)."""
+
+    #: The answer of the last full listing, and what it depended on: the
+    #: marker ETag read before it (None: not read), `local` when it started.
+    view: dict[int, Stored[Lease]] | None = None
+    view_marker: str | None = None
+    view_local: int = -1
+    #: The view holds a lease that changes without a mark (kept by shard
+    #: renewal, or unreadable): it is listed every time.
+    view_moving: bool = True
+    #: The view found a change since the listing before: listed again.
+    view_changed: bool = True
+    #: Answers from the view since that listing.
+    served: int = 0
+    #: Bumped when a lease write of this object starts and when it ends (and
+    #: by `get_lease`): a view listed across one of them is not served.
+    local: int = 0
+    #: `_ticks` when the last `list_leases` returned.
+    returned: int = -1
+    #: The last epoch listing: `_ticks` when it started, and the marker ETag
+    #: it found (None until it ended, or if it failed).
+    epochs_started: int = -1
+    epochs_marker: asyncio.Future[str | None] | None = None
+    #: Heartbeat ETags by node, with the listings in a row that showed each;
+    #: `quiet` while the last heartbeat listing succeeded and showed every
+    #: one QUIET_LISTINGS times unchanged.
+    beats: dict[str, tuple[str, int]] = field(default_factory=dict)
+    quiet: bool = False
+    #: A mark to PUT, and the task putting marks.
+    dirty: bool = False
+    flusher: asyncio.Task[None] | None = None
+
+    def marking(self) -> bool:
+        return self.dirty or (self.flusher is not None and not self.flusher.done())
 
 
 class S3Store(LeaseStore):
@@ -178,6 +250,12 @@ class S3Store(LeaseStore):
         #: object key -> the lease last read or written there, by ETag.
         self._cache: dict[str, Stored[Lease]] = {}
         self._reported_keys: set[str] = set()
+        #: cluster -> its moves as this object knows them (see `list_leases`).
+        self._moves: dict[str, _Moves] = {}
+        #: A counter that orders this object's listings and their returns.
+        self._ticks = 0
+        #: How long `aclose()` waits for marks still to be put.
+        self._mark_close_wait = connect_timeout + read_timeout
 
     @classmethod
     def from_url(cls, url: str) -> S3Store:
@@ -262,6 +340,9 @@ class S3Store(LeaseStore):
     def _lease_key(self, cluster: str, shard: int) -> str:
         return f"{self._lease_dir(cluster)}{shard}"
 
+    def _marker_key(self, cluster: str) -> str:
+        return self._epoch_dir(cluster) + MOVED
+
     # -- the client ----------------------------------------------------------------------
 
     async def _s3(self) -> Any:
@@ -309,6 +390,18 @@ class S3Store(LeaseStore):
         self._stack, self._client = None, None
 
     async def aclose(self) -> None:
+        """Put the marks still due first (a graceful stop frees its leases just
+        before: peers should learn of it now, not at their safety net), for
+        at most one request's timeouts; then close the clients."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._mark_close_wait):
+                await self.marks_settled()
+        for moves in self._moves.values():
+            if moves.flusher is not None and not moves.flusher.done():
+                moves.flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await moves.flusher
+            moves.flusher = None
         stacks = [*self._replaced, self._stack]
         self._replaced, self._stack, self._client = [], None, None
         for stack in stacks:
@@ -448,8 +541,100 @@ class S3Store(LeaseStore):
                 raise
             return Stored(etag, None, f"cannot read the lease object: {e}")
 
+    def _moves_of(self, cluster: str) -> _Moves:
+        moves = self._moves.get(cluster)
+        if moves is None:
+            _segment("cluster", cluster)
+            moves = self._moves[cluster] = _Moves()
+        return moves
+
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+        """Every lease, from a listing; or the last listing's answer again (the
+        very same entries) when nothing since can have moved a lease, as far
+        as anyone announces it. That is when:
+
+        - the move marker's ETag, read after the previous call returned, is
+          the one read before that listing (every lease write but a
+          shard-mode renewal is followed by a PUT of fresh random bytes to
+          the marker: `_swap_lease`);
+        - that listing held no lease that changes without a mark: none kept
+          by shard renewal with an owner (its owner rewrites it every
+          interval, and readers judge it live from that), none unreadable;
+          and it found every lease as the listing before it did;
+        - the last heartbeat listing found nobody heartbeating (a peer that
+          does may run a version that puts no marks);
+        - this object wrote no lease since, and has no mark still to put;
+        - fewer than FULL_LIST_EVERY - 1 answers in a row came from it.
+
+        A move is missed for at most one round after its mark: a writer's
+        lease write has ended before its marker PUT starts, and a reader
+        reads the marker before it lists. A reader that reads the marker
+        again at the ETag it read before its listing knows that no marker
+        PUT took effect in between (each writes fresh random bytes), so every
+        write whose mark took effect before this second read had ended before
+        the listing started, and the listing holds it (S3 lists with
+        read-after-write consistency). A mark that lands after a reader's
+        read is seen by its next call, whose read starts after this one
+        returned.
+
+        Correctness never depends on it: nothing here decides who owns what.
+        Every claim is a compare-and-swap on the version read, so an answer
+        that missed a move costs a refused claim (after which this object
+        lists again: a write of its own voids its view) or a lookup that
+        points at the previous owner for a while, never two owners.
+        """
         directory = self._lease_dir(cluster)
+        moves = self._moves_of(cluster)
+        local = moves.local
+        try:
+            marker = await self._marker_now(cluster, moves)
+            view = moves.view
+            if view is not None and marker is not None and marker == moves.view_marker \
+                    and not moves.view_moving and not moves.view_changed and moves.quiet \
+                    and not moves.marking() \
+                    and moves.view_local == local == moves.local \
+                    and moves.served < FULL_LIST_EVERY - 1:
+                moves.served += 1
+                return dict(view)
+            leases = await self._list_all(cluster, directory)
+            # While leases move (a start, a join, a crash), peers act on each
+            # other's moves within a round, and a mark may land a moment
+            # after the write it is for: listed every round until one round
+            # shows no move. Unchanged entries are the very same objects.
+            before = moves.view
+            moves.view, moves.view_marker, moves.view_local = leases, marker, local
+            moves.view_moving = any(
+                stored.record is None
+                or (stored.record.renewal == "shard" and stored.record.owner is not None)
+                for stored in leases.values())
+            moves.view_changed = before is None or before.keys() != leases.keys() or any(
+                stored is not before[shard] for shard, stored in leases.items())
+            moves.served = 0
+            return dict(leases)
+        finally:
+            self._ticks += 1
+            moves.returned = self._ticks
+
+    async def _marker_now(self, cluster: str, moves: _Moves) -> str | None:
+        """The marker's ETag as read since the last `list_leases` returned:
+        by the epoch listing if one started since (awaited if still under
+        way: the node-mode loop lists both at once), else by a HEAD if the
+        answer can matter. None: not known."""
+        pending = moves.epochs_marker
+        if pending is not None and moves.epochs_started > moves.returned:
+            marker = await asyncio.shield(pending)
+            if marker is not None:
+                return marker
+        if not moves.quiet or (moves.view is not None and moves.view_moving):
+            return None  # the next call lists anyway: no request for it
+        try:
+            etag = await self._head(self._marker_key(cluster))
+        except StoreError as e:
+            log.debug("could not read the move marker of %s: %s", cluster, e)
+            return None
+        return _NO_MARKER if etag is None else etag
+
+    async def _list_all(self, cluster: str, directory: str) -> dict[int, Stored[Lease]]:
         listed = await self._list(directory)
         leases: dict[int, Stored[Lease]] = {}
         changed: list[tuple[int, str]] = []
@@ -483,6 +668,8 @@ class S3Store(LeaseStore):
         return self._observed_all(cluster, leases)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
+        moves = self._moves_of(cluster)
+        moves.local += 1  # what it finds may be newer than the view
         return self._observed_one(cluster, shard, await self._fetch_lease(cluster, shard))
 
     # -- writing leases --------------------------------------------------------------------
@@ -495,11 +682,82 @@ class S3Store(LeaseStore):
 
     async def _swap_lease(self, lease: Lease, expected: str | None) -> str:
         key = self._lease_key(lease.cluster, lease.shard)
-        version = await self._swap(key, encode(lease),
-                                   f"lease {lease.cluster}/{lease.shard} ({self._url(key)})",
-                                   expected)
+        moves = self._moves_of(lease.cluster)
+        unmarked = self._renews_in_place(key, lease, expected)
+        moves.local += 1
+        try:
+            version = await self._swap(key, encode(lease),
+                                       f"lease {lease.cluster}/{lease.shard} ({self._url(key)})",
+                                       expected)
+        finally:
+            # Whatever the outcome: a refusal or a lost answer may hide a
+            # write that landed (a retry refused after the first try landed).
+            moves.local += 1
+            if not unmarked:
+                self._mark(lease.cluster, moves)
         self._cache[key] = Stored(version, lease)
         return version
+
+    def _renews_in_place(self, key: str, lease: Lease, expected: str | None) -> bool:
+        """A shard-mode renewal of the record this object last saw at
+        `expected` (same owner, incarnation and generation): no reader needs a
+        mark for it, since a view that holds such a record is listed every
+        time. When that record is not known, it is a move."""
+        if expected is None or lease.renewal != "shard" or lease.owner is None:
+            return False
+        seen = self._cache.get(key)
+        old = seen.record if seen is not None and seen.version == expected else None
+        return (old is not None and old.renewal == "shard"
+                and (old.owner, old.incarnation, old.generation)
+                == (lease.owner, lease.incarnation, lease.generation))
+
+    # -- the move marker ---------------------------------------------------------------------
+
+    def _mark(self, cluster: str, moves: _Moves) -> None:
+        """A lease write of ours has ended: PUT the marker (coalesced: one PUT
+        after the write covers it, whichever write asked for it)."""
+        moves.dirty = True
+        if moves.flusher is None or moves.flusher.done():
+            moves.flusher = asyncio.get_running_loop().create_task(
+                self._put_marks(cluster, moves), name=f"shardlease-marks-{cluster}")
+
+    async def _put_marks(self, cluster: str, moves: _Moves) -> None:
+        """PUT the marker while a mark is due. A mark asked for while a PUT is
+        under way takes another PUT (that one may have started before the
+        write it is for ended); a failed PUT is retried until one lands, or
+        the move would stay hidden from cached readers until their safety net."""
+        key = self._marker_key(cluster)
+        pause, failed = MARK_RETRY_FIRST, 0
+        while moves.dirty:
+            moves.dirty = False
+            try:
+                await self._call("put_object", key, Key=key, Body=uuid.uuid4().hex.encode(),
+                                 ContentType="text/plain")
+            except Exception as e:  # whatever it was, the mark is still due
+                moves.dirty = True
+                failed += 1
+                (log.warning if failed == 1 else log.debug)(
+                    "could not put the move marker %s (retrying): %s", self._url(key), e)
+                await asyncio.sleep(random.uniform(0.5, 1.0) * pause)
+                pause = min(2 * pause, MARK_RETRY_MAX)
+                continue
+            if failed:
+                log.info("put the move marker %s after %d failed attempts", self._url(key),
+                         failed)
+            pause, failed = MARK_RETRY_FIRST, 0
+
+    async def marks_settled(self) -> None:
+        """Until every mark due has been put (bound it with `asyncio.timeout`).
+        A mark left due by `aclose()` is put again from here."""
+        while True:
+            for cluster, moves in self._moves.items():
+                if moves.dirty and (moves.flusher is None or moves.flusher.done()):
+                    self._mark(cluster, moves)
+            busy = [m.flusher for m in self._moves.values()
+                    if m.flusher is not None and not m.flusher.done()]
+            if not busy:
+                return
+            await asyncio.wait(busy)
 
     async def _swap(self, key: str, body: bytes, what: str, expected: str | None) -> str:
         """PUT the object if it is still at `expected` (None: missing)."""
@@ -553,9 +811,20 @@ class S3Store(LeaseStore):
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         directory = self._heartbeat_dir(cluster)
-        listed = await self._list(directory)
-        return {key[len(directory):]: etag for key, (etag, _) in listed.items()
-                if len(key) > len(directory)}
+        moves = self._moves_of(cluster)
+        try:
+            listed = await self._list(directory)
+        except BaseException:
+            # Not while it runs: the loop lists the leases at the same time.
+            moves.quiet = False
+            raise
+        beats = {key[len(directory):]: etag for key, (etag, _) in listed.items()
+                 if len(key) > len(directory)}
+        seen = moves.beats
+        moves.beats = {node: (etag, seen[node][1] + 1 if seen.get(node, ("",))[0] == etag else 1)
+                       for node, etag in beats.items()}
+        moves.quiet = all(times >= QUIET_LISTINGS for _, times in moves.beats.values())
+        return beats
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         key = self._heartbeat_dir(heartbeat.cluster) + _segment("node", heartbeat.node)
@@ -574,8 +843,20 @@ class S3Store(LeaseStore):
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
         directory = self._epoch_dir(cluster)
+        moves = self._moves_of(cluster)
+        # The listing holds the move marker: `list_leases` reads its ETag here.
+        marker: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._ticks += 1
+        moves.epochs_started, moves.epochs_marker = self._ticks, marker
+        try:
+            listed = await self._list(directory)
+            etag, _ = listed.get(self._marker_key(cluster), (_NO_MARKER, 0))
+            marker.set_result(etag)
+        finally:
+            if not marker.done():
+                marker.set_result(None)
         found: dict[tuple[str, str], str] = {}
-        for key, (etag, _) in (await self._list(directory)).items():
+        for key, (etag, _) in listed.items():
             node, sep, epoch = key[len(directory):].rpartition("@")
             if sep and node and epoch:
                 found[(node, epoch)] = etag
