@@ -412,8 +412,10 @@ async def test_steady_reads_cost_no_request_per_round_with_the_watch(
               f"({', '.join(f'{k} {v:.2f}' for k, v in steady.requests.items())}); "
               f"loop CPU {steady.cpu_ms:.1f} ms per node-round; churn {steady.churn}")
     on, off = figures[True].requests, figures[False].requests
-    # Without the watch: the leases, the epochs and the heartbeats, each round.
-    assert off.get("list", 0) >= 3, off
+    # Without the watch: the leases, the epochs and the heartbeats, each round
+    # (a round may join a listing still under way from the one before: at
+    # least two a round, measured).
+    assert off.get("list", 0) >= 2, off
     # Reads: no LIST at all in the steady state, and a watch opened every
     # watch_timeout (10 s; a round is 2 s): O(1), whatever the shard count.
     assert on.get("list", 0) == 0, on
