@@ -63,6 +63,7 @@ from shardlease.sim.check import Recovery
 from shardlease.sim.faults import (
     LEASE_WRITES,
     STORE_CALLS,
+    Corrupt,
     Crash,
     Fault,
     HostFault,
@@ -78,6 +79,7 @@ from shardlease.sim.world import TraceEvent
 
 __all__ = [
     "LEASE_WRITES",
+    "Corrupt",
     "STORE_CALLS",
     "BalanceFigure",
     "Crash",

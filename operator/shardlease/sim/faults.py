@@ -113,7 +113,16 @@ class Reconfigure:
             raise ValueError("a Reconfigure of the shard count is not simulated")
 
 
-Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure
+@dataclass(frozen=True)
+class Corrupt:
+    """At `at`, the lease record of `shard` is overwritten with bytes that are
+    no lease (a new version): a hand edit, a bad tool, a disk error."""
+
+    at: float
+    shard: int
+
+
+Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure | Corrupt
 
 
 def fault_end(fault: Fault) -> float:

@@ -24,6 +24,7 @@ from shardlease.sim.check import (
     recoveries,
 )
 from shardlease.sim.faults import (
+    Corrupt,
     Crash,
     Fault,
     HostFault,
@@ -227,6 +228,9 @@ async def _scenario(
             case Pause(node=name, duration=d):
                 if (n := world.node(name)) is not None and n.status in ("running", "leaving"):
                     world.pause(n, d)
+            case Corrupt(shard=shard):
+                if shard < shards:
+                    world.corrupt(shard)
             case StoreFault() | HostFault():
                 world.record("*", "fault", value=fault_end(f), detail=repr(f))
             case Reconfigure(node=only, changes=changes):

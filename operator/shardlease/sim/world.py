@@ -633,6 +633,12 @@ class World:
         if beat:
             self.violations.append(f"{t}: stopped but its heartbeat is still there")
 
+    def corrupt(self, shard: int) -> None:
+        """Overwrite the lease record of `shard` with garbage (a new version)."""
+        self.backend.leases[(CLUSTER, shard)] = (self.backend.next_version(),
+                                                 b"\x00 not a lease \xff")
+        self.record("*", "corrupted", shard)
+
     def read_leases(self) -> dict[int, Lease | None]:
         out: dict[int, Lease | None] = {}
         for (c, shard), (version, data) in sorted(self.backend.leases.items()):
