@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shardlease.errors import ConfigError
+from shardlease.observed import Observed
 from shardlease.stores.kubernetes import call
 
 logger = logging.getLogger("shardlease.leader")
@@ -44,7 +45,10 @@ class LeaderElector:
         self.lease_duration, self.renew_deadline = lease_duration, renew_deadline
         self.retry_period = retry_period
         self.leading = asyncio.Event()
-        self._observed: tuple[str, float] | None = None  # (resourceVersion, monotonic)
+        #: The Lease's resourceVersion (and spec) as last seen, and since when
+        #: on the event loop's monotonic clock (client-go's observedRecord and
+        #: observedTime); keyed by `path`, the only record watched.
+        self._observed: Observed[str, dict[str, Any]] = Observed()
         self._last_renew = 0.0
         self._taken = False  # the last round saw another live holder
 
@@ -78,11 +82,11 @@ class LeaderElector:
         holder = spec.get("holderIdentity")
         now = loop.time()
         self._taken = False
-        if self._observed is None or self._observed[0] != version:
-            self._observed = (version, now)
+        self._observed.see(self.path, version, now, spec)
         if holder == self.identity:
             new = self._spec(int(spec.get("leaseTransitions") or 0), spec.get("acquireTime"))
-        elif holder and now - self._observed[1] < self.lease_duration:
+        elif holder and (self._observed.unchanged_for(self.path, now) or 0.0) \
+                < self.lease_duration:
             self._taken = True  # someone else holds it and has renewed within the duration
             return False
         else:
@@ -91,8 +95,9 @@ class LeaderElector:
         code, answer = await call(api, "PATCH", self.path, body,
                                   "application/merge-patch+json")
         if code == 200:
-            self._observed = (str((answer.get("metadata") or {}).get("resourceVersion")),
-                              loop.time())
+            self._observed.see(self.path,
+                               str((answer.get("metadata") or {}).get("resourceVersion")),
+                               loop.time(), answer.get("spec") or new)
             return True
         return False  # 409: someone wrote first; look again next round
 
