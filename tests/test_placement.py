@@ -1,0 +1,315 @@
+"""Placement decisions as tables: shares, releases, claims, adoptions, cooldowns.
+
+Preference orders are computed here from `preference` itself (never typed in),
+so each expected tuple states the rule, and the cases that rely on an order
+check first that the shards involved do differ in preference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from shardlease import loop
+from shardlease.placement import (
+    ADOPT_PER_ROUND,
+    COOLDOWN_FIRST,
+    COOLDOWN_MAX,
+    COOLDOWN_WAIVED,
+    Candidate,
+    Held,
+    Plan,
+    View,
+    cooldown,
+    fair_share,
+    plan,
+    preference,
+    releases_beyond,
+)
+
+NODE = "node-a"
+TTL = 15.0
+NOW = 1000.0
+
+
+def by_preference(shards: list[int], node: str = NODE) -> tuple[int, ...]:
+    """`shards`, the most preferred by `node` first."""
+    return tuple(sorted(shards, key=lambda s: preference(node, s), reverse=True))
+
+
+def least_first(shards: list[int], node: str = NODE) -> tuple[int, ...]:
+    return tuple(reversed(by_preference(shards, node)))
+
+
+def held(shard: int, *, active: bool = True, opened: bool = True,
+         adopted: bool = False) -> Held:
+    return Held(shard=shard, active=active, opened=opened, adopted=adopted)
+
+
+def free(shard: int, free_for: float = 0.0, cooling_until: float | None = None) -> Candidate:
+    return Candidate(shard=shard, free_for=free_for, cooling_until=cooling_until)
+
+
+def view(*, shards: int = 8, live: int = 2, stopping: bool = False,
+         held: tuple[Held, ...] = (), candidates: tuple[Candidate, ...] = ()) -> View:
+    return View(node=NODE, shards=shards, live=live, stopping=stopping, now=NOW, ttl=TTL,
+                held=held, candidates=candidates)
+
+
+# -- the share ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shards", "live", "stopping", "share"), [
+    (8, 0, False, 8),
+    (8, 1, False, 8),
+    (8, 2, False, 4),
+    (10, 3, False, 4),
+    (2, 5, False, 1),
+    (8, 2, True, 0),
+    (8, 0, True, 0),
+], ids=[
+    "no live node counted is counted as one, this node: it takes every shard",
+    "alone, a node takes every shard",
+    "an even division gives each node its part",
+    "an uneven division rounds up",
+    "more nodes than shards still gives each node one",
+    "a stopping node's share is 0",
+    "a stopping node that sees nobody still has share 0",
+])
+def test_fair_share(shards: int, live: int, stopping: bool, share: int) -> None:
+    assert fair_share(shards, live, stopping=stopping) == share
+    assert plan(view(shards=shards, live=live, stopping=stopping)).share == share
+
+
+# -- releases -------------------------------------------------------------------------
+
+
+def _release_cases() -> list[tuple[View, tuple[int, ...]]]:
+    four = [0, 1, 2, 3]
+    cases = [
+        # share 4 (8 shards, 2 live): 4 held, nothing to release.
+        (view(held=tuple(held(s) for s in four)), ()),
+        # share 4, 4 active and 2 already releasing: nothing more to release.
+        (view(held=(*(held(s) for s in four), held(4, active=False), held(5, active=False))),
+         ()),
+        # share 2 (8 shards, 4 live): the two least preferred of four go.
+        (view(live=4, held=tuple(held(s) for s in four)), least_first(four)[:2]),
+        # share 2: the one not yet opened goes first, whatever its preference.
+        (view(live=4, held=(held(0), held(1), held(2, opened=False))),
+         (2,)),
+        # share 2: the adopted one stays, though not opened: the least preferred
+        # of the others goes.
+        (view(live=4, held=(held(0, adopted=True, opened=False), held(1), held(2))),
+         least_first([1, 2])[:1]),
+        # share 1 (8 shards, 8 live): not opened first, then opened, adopted last.
+        (view(live=8, held=(held(0, adopted=True), held(1), held(2, opened=False))),
+         (2, 1)),
+        # share 0 while stopping: everything active, in the same order.
+        (view(stopping=True, held=(held(0, adopted=True), held(1), held(2, opened=False),
+                                   held(3, active=False))),
+         (2, 1, 0)),
+        # shard count shrank to 3: shard 5 goes first, then the excess among the rest
+        # (share 3 with 1 live: the 3 shards below 3 stay).
+        (view(shards=3, live=1, held=(held(5), held(0), held(1), held(2))), (5,)),
+        # shrank to 4 with 2 live (share 2): 6 goes, then the least preferred of 0..2.
+        (view(shards=4, held=(held(6), held(0), held(1), held(2))),
+         (6, *least_first([0, 1, 2])[:1])),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(("v", "release"), _release_cases(), ids=[
+    "nothing is released at the share",
+    "shards already releasing do not count against the share",
+    "above the share the least preferred shards are released",
+    "a shard not yet opened is released before opened ones",
+    "adopted shards are released last, even when not opened",
+    "the order is not-opened, then opened, then adopted",
+    "a stopping node releases every active shard, adopted last",
+    "shards beyond a shrunk shard count are released and not counted in the share",
+    "shards beyond the count go first, then the excess among the rest",
+])
+def test_release(v: View, release: tuple[int, ...]) -> None:
+    # The cases that rely on preference order need distinct scores.
+    assert len({preference(NODE, h.shard) for h in v.held}) == len(v.held)
+    assert plan(v).release == release
+
+
+def test_releases_beyond_lists_active_shards_at_or_above_the_count_in_order() -> None:
+    hs = (held(9), held(3), held(4, active=False), held(5), held(1))
+    assert releases_beyond(hs, 4) == (9, 5)
+    assert releases_beyond(hs, 10) == ()
+
+
+# -- claims and adoptions -------------------------------------------------------------
+
+COOLING = NOW + 5.0  # a cooldown still running at NOW
+COOLED = NOW  # a cooldown that ended at NOW (now >= until: over)
+ORPHAN = TTL + 0.1  # free for just over a TTL
+WAIVED = COOLDOWN_WAIVED * TTL
+
+
+def _claim_cases() -> list[tuple[View, tuple[int, ...], tuple[int, ...]]]:
+    six = [0, 1, 2, 3, 4, 5]
+    best = by_preference(six)
+    return [
+        # share 4, nothing held: the 4 most preferred of 6.
+        (view(candidates=tuple(free(s) for s in six)), best[:4], ()),
+        # share 4, 2 held: want 2.
+        (view(held=(held(6), held(7)), candidates=tuple(free(s) for s in six)), best[:2], ()),
+        # share 4, 3 held and 1 releasing: the releasing one does not count, want 1.
+        (view(held=(held(6), held(7), held(8, active=False), held(9)),
+              shards=12, live=3, candidates=tuple(free(s) for s in six)),
+         best[:1], ()),
+        # share 4, 4 held: want 0, nothing free for over a TTL: nothing.
+        (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+              candidates=tuple(free(s, free_for=TTL) for s in six)),
+         (), ()),
+        # want 2: the most preferred is cooling down, so the next two.
+        (view(held=(held(6), held(7)),
+              candidates=(*(free(s) for s in six if s != best[0]),
+                          free(best[0], cooling_until=COOLING))),
+         best[1:3], ()),
+        # a cooldown that ended (now >= until) no longer counts.
+        (view(held=(held(6), held(7)),
+              candidates=(*(free(s) for s in six if s != best[0]),
+                          free(best[0], cooling_until=COOLED))),
+         best[:2], ()),
+        # alone (1 live): a cooling shard is claimed all the same.
+        (view(live=1, shards=8, held=(held(6), held(7)),
+              candidates=(free(best[0], cooling_until=COOLING),)),
+         (best[0],), ()),
+        # free for more than COOLDOWN_WAIVED TTLs: claimed all the same.
+        (view(held=(held(6), held(7)),
+              candidates=(free(best[0], free_for=WAIVED + 0.1, cooling_until=COOLING),)),
+         (best[0],), ()),
+        # free for exactly COOLDOWN_WAIVED TTLs: still cooling.
+        (view(held=(held(6), held(7)),
+              candidates=(free(best[0], free_for=WAIVED, cooling_until=COOLING),)),
+         (), ()),
+        # at the share: a shard free for over a TTL is adopted.
+        (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+              candidates=(free(0, free_for=ORPHAN),)),
+         (), (0,)),
+        # at the share: free for exactly a TTL is not adopted.
+        (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+              candidates=(free(0, free_for=TTL),)),
+         (), ()),
+        # at the share: of three orphans, the most preferred ADOPT_PER_ROUND.
+        (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+              candidates=tuple(free(s, free_for=ORPHAN) for s in (0, 1, 2))),
+         (), by_preference([0, 1, 2])[:ADOPT_PER_ROUND]),
+        # below the share: claims first, then an orphan among the rest is adopted.
+        (view(shards=12, live=3, held=(held(6), held(7), held(8)),
+              candidates=tuple(free(s, free_for=ORPHAN) for s in six)),
+         best[:1], best[1:1 + ADOPT_PER_ROUND]),
+        # below the share: the rest holds no orphan (free, but not for a TTL).
+        (view(shards=12, live=3, held=(held(6), held(7), held(8)),
+              candidates=(*(free(s) for s in best[1:]), free(best[0], free_for=ORPHAN))),
+         best[:1], ()),
+        # a cooling orphan is not adopted either.
+        (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+              candidates=(free(0, free_for=ORPHAN, cooling_until=COOLING),)),
+         (), ()),
+        # above the share (releasing): no claim, but an orphan is still adopted.
+        (view(live=4, held=tuple(held(s) for s in (6, 7, 8)),
+              candidates=(free(0, free_for=ORPHAN),)),
+         (), (0,)),
+        # stopping: neither claims nor adoptions.
+        (view(stopping=True, candidates=tuple(free(s, free_for=WAIVED + 1) for s in six)),
+         (), ()),
+    ]
+
+
+@pytest.mark.parametrize(("v", "claim", "adopt"), _claim_cases(), ids=[
+    "with nothing held a node claims its share, the most preferred first",
+    "a node claims only what it lacks of its share",
+    "a shard being released does not count as held",
+    "at its share a node claims nothing free for a TTL or less",
+    "a shard cooling down is skipped for the next preferred",
+    "a cooldown that has ended no longer skips the shard",
+    "a node alone claims a shard cooling down",
+    "a shard free for more than two TTLs is claimed though cooling down",
+    "a shard free for exactly two TTLs still cools down",
+    "at its share a node adopts a shard free for over a TTL",
+    "a shard free for exactly a TTL is not adopted",
+    "at most ADOPT_PER_ROUND orphans are adopted, the most preferred",
+    "below its share a node claims, then adopts an orphan among the rest",
+    "only a shard free for over a TTL is adopted after the claims",
+    "a cooling orphan is not adopted",
+    "a node above its share still adopts an orphan",
+    "a stopping node neither claims nor adopts",
+])
+def test_claims(v: View, claim: tuple[int, ...], adopt: tuple[int, ...]) -> None:
+    assert len({preference(NODE, c.shard) for c in v.candidates}) == len(v.candidates)
+    p = plan(v)
+    assert (p.claim, p.adopt) == (claim, adopt)
+
+
+def test_the_order_of_the_candidates_given_does_not_matter() -> None:
+    cs = tuple(free(s, free_for=ORPHAN) for s in range(8))
+    v = view(live=4, candidates=cs)
+    assert plan(v) == plan(replace(v, candidates=cs[::-1]))
+
+
+def test_a_whole_plan() -> None:
+    # 8 shards, 2 live: share 4; 5 held (one beyond a shrunk count of 8), so
+    # after releasing shard 9 four remain: no excess, no claim, one adoption.
+    v = view(held=(held(9), held(0), held(1), held(2), held(3)),
+             candidates=(free(4, free_for=ORPHAN), free(5)))
+    assert plan(v) == Plan(share=4, release=(9,), claim=(), adopt=(4,))
+
+
+# -- cooldowns ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("failures", "jitter", "seconds"), [
+    (1, 1.0, COOLDOWN_FIRST * TTL),
+    (2, 1.0, 2 * COOLDOWN_FIRST * TTL),
+    (3, 1.0, COOLDOWN_MAX * TTL),
+    (4, 1.0, COOLDOWN_MAX * TTL),
+    (1, 1.25, COOLDOWN_FIRST * TTL * 1.25),
+    (10, 1.49, COOLDOWN_MAX * TTL * 1.49),
+    (2000, 1.0, COOLDOWN_MAX * TTL),
+], ids=[
+    "the first cooldown is COOLDOWN_FIRST TTLs",
+    "the second doubles it",
+    "the third reaches the cap, COOLDOWN_MAX TTLs",
+    "past the cap it grows no more",
+    "the jitter multiplies the cooldown",
+    "the jitter multiplies the capped cooldown too",
+    "thousands of failures neither overflow nor pass the cap",
+])
+def test_cooldown(failures: int, jitter: float, seconds: float) -> None:
+    assert cooldown(failures, TTL, jitter) == seconds
+
+
+def test_the_constants_are_todays() -> None:
+    assert (COOLDOWN_FIRST, COOLDOWN_MAX, COOLDOWN_WAIVED, ADOPT_PER_ROUND) == (
+        loop.COOLDOWN_FIRST, loop.COOLDOWN_MAX, loop.COOLDOWN_WAIVED, loop.ADOPT_PER_ROUND)
+
+
+def test_cooldown_wants_a_failure() -> None:
+    with pytest.raises(ValueError, match="at least one failure"):
+        cooldown(0, TTL, 1.0)
+
+
+# -- preference -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("node", "shard"), [
+    ("node-a", 0), ("node-a", 1), ("node-b", 0), ("pod-7.shards", 4095), ("x", 123456),
+], ids=[
+    "node-a prefers shard 0 as the loop scores it",
+    "node-a prefers shard 1 as the loop scores it",
+    "node-b prefers shard 0 as the loop scores it",
+    "a dotted pod name prefers shard 4095 as the loop scores it",
+    "a one-letter node prefers a large shard as the loop scores it",
+])
+def test_preference_is_the_loops(node: str, shard: int) -> None:
+    assert preference(node, shard) == loop.preference(node, shard)
+
+
+def test_nodes_prefer_different_shards() -> None:
+    shards = list(range(16))
+    assert by_preference(shards, "node-a") != by_preference(shards, "node-b")
