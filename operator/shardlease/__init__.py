@@ -1,33 +1,95 @@
-"""shardlease: place the shards of a sharded application with leases."""
+"""shardlease: place the shards of a sharded application with leases.
+
+What a library user needs, from one place:
+
+- the engine: `PlacementLoop(store, host, options)`, configured by `Options`;
+- the application side: `Host` (open/close a shard), `LeasedHost` and
+  `Validity` for a host that also learns how long each shard may act, and
+  `HttpHost`, the host that calls an application over HTTP;
+- the stores: `open_store(url)` and their interface `LeaseStore`;
+- the records in a store: `Lease`, `Epoch`, `Heartbeat`;
+- telemetry: `Telemetry` (subscribe a callable) and the events it delivers;
+- every error shardlease raises on purpose, under `ShardleaseError`
+  (see `shardlease.errors`).
+"""
 
 from shardlease.errors import (
     ConfigError,
     Conflict,
     CorruptRecord,
+    DemoError,
     EngineError,
     HostError,
+    LoopDied,
+    PluginError,
     RunnerDied,
     ShardleaseError,
     StoreError,
     StoreUnsafe,
 )
+from shardlease.hosts.base import Host, LeasedHost, Validity
+from shardlease.hosts.http import HttpHost
+from shardlease.loop import PlacementLoop
 from shardlease.options import Options
-from shardlease.records import Heartbeat, Lease
+from shardlease.records import Epoch, Heartbeat, Lease
 from shardlease.stores import LeaseStore, open_store
+from shardlease.telemetry import (
+    Claim,
+    Closed,
+    CorruptLease,
+    DeadlineMoved,
+    EpochEnded,
+    Event,
+    ExtendFailed,
+    Lost,
+    Opened,
+    Overrun,
+    Release,
+    RenewFailed,
+    RenewSlow,
+    Round,
+    SelfFence,
+    Telemetry,
+)
 
 __all__ = [
+    "Claim",
+    "Closed",
     "ConfigError",
     "Conflict",
+    "CorruptLease",
     "CorruptRecord",
+    "DeadlineMoved",
+    "DemoError",
     "EngineError",
+    "Epoch",
+    "EpochEnded",
+    "Event",
+    "ExtendFailed",
     "Heartbeat",
+    "Host",
     "HostError",
+    "HttpHost",
     "Lease",
     "LeaseStore",
+    "LeasedHost",
+    "LoopDied",
+    "Lost",
+    "Opened",
     "Options",
+    "Overrun",
+    "PlacementLoop",
+    "PluginError",
+    "Release",
+    "RenewFailed",
+    "RenewSlow",
+    "Round",
     "RunnerDied",
+    "SelfFence",
     "ShardleaseError",
     "StoreError",
     "StoreUnsafe",
+    "Telemetry",
+    "Validity",
     "open_store",
 ]

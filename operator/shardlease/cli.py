@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from shardlease.demo import Demo, DemoError, run_demo
-from shardlease.errors import ConfigError, ShardleaseError
+from shardlease.demo import Demo, run_demo
+from shardlease.errors import ConfigError, DemoError, ShardleaseError
 from shardlease.hosts.base import Host
 from shardlease.hosts.record import RecordHost
 from shardlease.options import Options
@@ -333,10 +333,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         ok = asyncio.run(run_demo(demo, store, svg))
         code = EXIT_OK if ok else EXIT_FAILED
+    except DemoError as e:  # (a ShardleaseError too: first)
+        code = _fail(f"demo failed: {e} (files kept in {workdir})", EXIT_FAILED)
     except ShardleaseError as e:
         code = _fail(f"store {store_url}: {e}", EXIT_FAILED)
-    except DemoError as e:
-        code = _fail(f"demo failed: {e} (files kept in {workdir})", EXIT_FAILED)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the nodes", file=sys.stderr)
         code = 130

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.live import Live
 
 from shardlease.demo_view import DemoView, save_svg
+from shardlease.errors import DemoError as DemoError  # (re-exported: its old home)
 from shardlease.errors import ShardleaseError
 from shardlease.owners import OwnerRow, read_owners
 from shardlease.stores.base import LeaseStore
@@ -200,10 +201,6 @@ class Demo:
                 codes[name] = None
             self.members[name].state = "stopped"
         return codes
-
-
-class DemoError(Exception):
-    """The demo could not go on (a node died, no balance in time)."""
 
 
 def recovery_after(events: Sequence[dict[str, Any]], victim: str, killed_at: float,

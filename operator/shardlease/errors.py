@@ -11,12 +11,19 @@ The branches say what a caller must do, not where the error came from:
     ├── Conflict          an outcome, not a failure: a compare-and-swap lost
     ├── CorruptRecord     bad data in the store: reported, never trusted
     ├── HostError         the application failed to open or close a shard
-    └── EngineError       the placement engine itself cannot go on
-        └── RunnerDied    the runner stopped; the loop stopped with it
+    ├── EngineError       the placement engine itself cannot go on
+    │   └── RunnerDied    the runner stopped; the loop stopped with it
+    ├── LoopDied          the agent's placement loop ended with an error while it ran
+    ├── PluginError       `kubectl shardlease`: one line for the user, then exit 1
+    └── DemoError         `shardlease demo` could not go on
 
 `Conflict` and `CorruptRecord` sit outside `StoreError` on purpose: a retry
 loop written as `except StoreError` must neither retry a lost race (re-read
 and decide again instead) nor a record that will stay corrupt.
+
+The last three belong to one front end each (the agent, the kubectl plugin,
+the demo) and are re-exported from their modules; they live here so that the
+whole hierarchy is in one place.
 """
 
 from __future__ import annotations
@@ -70,3 +77,15 @@ class RunnerDied(EngineError):
     """The runner stopped (cancelled, or a shard worker failed): the loop stops
     with it, after closing every shard it could. The agent should report
     itself unhealthy and restart the loop or the pod."""
+
+
+class LoopDied(ShardleaseError):
+    """The placement loop ended with an error while it ran (not at start)."""
+
+
+class PluginError(ShardleaseError):
+    """What the user is told, in one line, before exiting 1."""
+
+
+class DemoError(ShardleaseError):
+    """The demo could not go on (a node died, no balance in time)."""

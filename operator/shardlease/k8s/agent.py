@@ -41,6 +41,7 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from shardlease.errors import LoopDied as LoopDied  # (re-exported: its old home)
 from shardlease.errors import ShardleaseError, StoreError
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
@@ -77,10 +78,6 @@ logger = logging.getLogger("shardlease.agent")
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 HOST_POLL = 0.5
-
-
-class LoopDied(ShardleaseError):
-    """The placement loop ended with an error while it ran (not at start)."""
 
 
 class Agent:

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from shardlease.errors import PluginError as PluginError  # (re-exported: its old home)
 from shardlease.errors import ShardleaseError
 from shardlease.owners import OwnerRow, owners_table
 from shardlease.routing import shard_for_key
@@ -44,10 +45,6 @@ def _epoch(stamp: str | None) -> float:
             tzinfo=dt.UTC).timestamp()
     except ValueError:
         return 0.0
-
-
-class PluginError(ShardleaseError):
-    """What the user is told, in one line, before exiting 1."""
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
