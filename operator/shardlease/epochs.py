@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from shardlease.calls import Calls
 from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
-from shardlease.records import Epoch, Lease, new_write_id
+from shardlease.records import MAX_LEASE_TTL, Epoch, Lease, new_write_id
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import EpochEnded, Telemetry
 
@@ -59,8 +59,20 @@ class EpochWatch:
         self.own = own
         #: Each epoch tracked: its version (or MISSING) and since when.
         self.seen: dict[EpochKey, Seen] = {}
-        #: Epochs known to be over (ended by a compare-and-swap this node saw succeed).
+        #: Epochs known to be over (ended by a compare-and-swap this node saw
+        #: succeed, or read ended) after a TTL of silence judged against the
+        #: TTL its leases carry: their leases may be claimed at once.
         self.ended: set[EpochKey] = set()
+        #: Epochs this node ended as garbage (no lease named them then). Such
+        #: an end is no licence to take a lease that names the epoch later: it
+        #: waited for nothing a lease says (a claim of its owner's may have
+        #: landed since), so such a lease waits out its TTL as if the epoch
+        #: were silent (`over`).
+        self.collected: set[EpochKey] = set()
+        #: The TTL the record of an epoch says, read once per version when it
+        #: is a garbage candidate: it is not collected before it has been
+        #: silent for EPOCH_GC_TTLS times the longer of that and our own TTL.
+        self._record_ttl: dict[EpochKey, tuple[str, float]] = {}
         #: Epochs whose version changed after a silence: perhaps ended by a
         #: peer (read to find out, so this node need not wait another TTL).
         self.suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
@@ -96,34 +108,66 @@ class EpochWatch:
         for key in set(self.seen) - set(epochs) - set(named):
             del self.seen[key]
             self.ended.discard(key)
+            self.collected.discard(key)
+            self._record_ttl.pop(key, None)
 
     def live(self) -> set[str]:
         """The nodes with an epoch that is not over and changed within a TTL."""
         now = self.clock.monotonic()
         return {node for (node, epoch), seen in self.seen.items()
                 if seen.version != MISSING and (node, epoch) not in self.ended
-                and now - seen.since <= self.ttl()}
+                and (node, epoch) not in self.collected and now - seen.since <= self.ttl()}
 
     async def collect(self, named: dict[EpochKey, None]) -> None:
         """Delete epoch records no lease names that are over, or unchanged for
-        EPOCH_GC_TTLS (crashed nodes'). One not known to be over is first
-        ended by a compare-and-swap against the version seen: a view that is
-        stale (the owner wrote since) fails it and deletes nothing, so a live
-        node never loses its epoch to another node's garbage collection."""
+        EPOCH_GC_TTLS times the longer of our TTL and the record's own
+        (crashed nodes'; an epoch keeps the TTL it started with, which may be
+        longer than ours after an in-place change, and its owner is valid for
+        that long). One not known to be over is first ended by a
+        compare-and-swap against the version seen: a view that is stale (the
+        owner wrote since) fails it and deletes nothing, so a live node never
+        loses its epoch to another node's garbage collection."""
         now = self.clock.monotonic()
+        own_wait = EPOCH_GC_TTLS * self.ttl()
         dead = [key for key, seen in self.seen.items()
                 if seen.version != MISSING and key not in named
                 and key != (self.name, self.own())
-                and (key in self.ended or now - seen.since > EPOCH_GC_TTLS * self.ttl())]
+                and (key in self.ended or key in self.collected
+                     or now - seen.since > own_wait)]
         for key in dead[:PER_ROUND]:
-            if key not in self.ended and not await self._end(key, quiet=True):
-                continue
+            if key not in self.ended and key not in self.collected:
+                if not await self._silent_for_its_ttl(key, now):
+                    continue
+                if not await self._end(key, garbage=True):
+                    continue
             try:
                 await self.calls.bounded(f"deletion of epoch {key[0]}/{key[1]}",
                                          functools.partial(self.store.delete_epoch,
                                                            self.cluster, *key))
             except StoreError as e:
                 logger.info("could not delete the epoch %s/%s: %s", *key, e)
+
+    async def _silent_for_its_ttl(self, key: EpochKey, now: float) -> bool:
+        """Whether the epoch, seen unchanged for EPOCH_GC_TTLS of our TTL, has
+        also been silent for EPOCH_GC_TTLS of the TTL its record says (read
+        once per version)."""
+        seen = self.seen[key]
+        known = self._record_ttl.get(key)
+        if known is None or known[0] != seen.version:
+            try:
+                stored = await self.calls.bounded(
+                    f"read of epoch {key[0]}/{key[1]}",
+                    functools.partial(self.store.get_epoch, self.cluster, *key))
+            except StoreError as e:
+                logger.info("could not read the epoch %s/%s: %s", *key, e)
+                return False
+            if stored is None or stored.version != seen.version:
+                return False  # gone or changed since the listing: the next one says
+            # An unreadable record: nothing says how long its owner may be
+            # valid, so it waits out the longest TTL any record may carry.
+            ttl = stored.record.ttl if stored.record is not None else MAX_LEASE_TTL
+            known = self._record_ttl[key] = (seen.version, ttl)
+        return now - seen.since > EPOCH_GC_TTLS * max(self.ttl(), known[1])
 
     async def check_suspects(self) -> None:
         """Read the epochs that changed after a silence: one a peer ended is
@@ -144,11 +188,12 @@ class EpochWatch:
         """Take over a silent epoch (see `_end`)."""
         return await self._end(key)
 
-    async def _end(self, key: EpochKey, quiet: bool = False) -> bool:
+    async def _end(self, key: EpochKey, garbage: bool = False) -> bool:
         """Take over a silent epoch: end it by a compare-and-swap against the
         version this node has seen unchanged for a TTL (or create it ended,
-        if it has been missing that long). True once it is over."""
-        if key in self.ended:
+        if it has been missing that long). True once it is over. A garbage
+        end (`collect`) goes into `collected`, not `ended`."""
+        if key in self.ended or (garbage and key in self.collected):
             return True
         seen = self.seen.get(key)
         if seen is None or key == (self.name, self.own()):
@@ -173,10 +218,11 @@ class EpochWatch:
         except StoreError as e:
             logger.info("could not end the epoch %s/%s: %s", node, epoch, e)
             return False
-        self.ended.add(key)
-        if quiet:  # (a crashed node's epoch nobody needs: garbage)
+        if garbage:  # (a crashed node's epoch nobody needs)
+            self.collected.add(key)
             logger.info("ended the epoch %s of node %s, silent and holding nothing", epoch, node)
             return True
+        self.ended.add(key)
         logger.warning("ended the epoch %s of node %s, silent for a TTL: taking its leases",
                        epoch, node)
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
