@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from shardlease.calls import Calls
@@ -91,7 +91,7 @@ class EpochWatch:
         self.fresh = True
         return epochs
 
-    def observe(self, epochs: dict[EpochKey, str], named: dict[EpochKey, None]) -> None:
+    def observe(self, epochs: Mapping[EpochKey, str], named: Mapping[EpochKey, object]) -> None:
         """Track each listed epoch and each epoch a node-mode lease names
         (missing ones too)."""
         now = self.clock.monotonic()
@@ -118,7 +118,7 @@ class EpochWatch:
                 if seen.version != MISSING and (node, epoch) not in self.ended
                 and (node, epoch) not in self.collected and now - seen.since <= self.ttl()}
 
-    async def collect(self, named: dict[EpochKey, None]) -> None:
+    async def collect(self, named: Mapping[EpochKey, object]) -> None:
         """Delete epoch records no lease names that are over, or unchanged for
         EPOCH_GC_TTLS times the longer of our TTL and the record's own
         (crashed nodes'; an epoch keeps the TTL it started with, which may be
@@ -228,6 +228,14 @@ class EpochWatch:
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=node,
                                        epoch=epoch))
         return True
+
+    def silent_for(self, key: EpochKey, now: float) -> float:
+        """Seconds this node has seen the epoch unchanged (or missing); 0 if
+        it is not tracked or no listing is fresh."""
+        seen = self.seen.get(key)
+        if not self.fresh or seen is None:
+            return 0.0
+        return now - seen.since
 
     def over(self, rec: Lease, now: float) -> bool:
         """A node-mode lease: claimable when its epoch is over, or has been

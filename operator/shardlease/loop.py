@@ -128,6 +128,10 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
+#: A compare-and-swap against this version never succeeds (no store makes
+#: such a version): a withdrawn node's probe of whether lease writes work
+#: again (`_probe_lease_writes`) -- a Conflict is the answer that they do.
+NO_SUCH_VERSION = "shardlease-probe-never-a-version"
 
 
 class Phase(enum.Enum):
@@ -151,6 +155,12 @@ class _Held:
     #: The "no owner" record being written, kept so that a retry carries the
     #: same write id and recognises an earlier attempt that landed.
     freeing: Lease | None = None
+    #: When `version` last changed (monotonic): a listing started before
+    #: that may show an older version, which is no sign of another writer.
+    changed_at: float = 0.0
+    #: When the runner closed it (monotonic): a node-mode lease its epoch
+    #: keeps must be freed within a TTL of that, or the epoch is given up.
+    closed_at: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def closed(self, reason: Reason) -> None:
@@ -232,12 +242,24 @@ class PlacementLoop:
         self._cooldown: dict[int, _Cooldown] = {}
         self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
+        #: Since when every lease write has failed (None: the last one worked),
+        #: and since when this node has withdrawn because of it (`_withdrawn`).
+        self._lease_writes_failing: float | None = None
+        self._withdrawn_at: float | None = None
+        #: The nodes live by their heartbeats, and by their epochs, in the
+        #: last listing of each that succeeded (a failed one keeps them).
+        self._beat_live: set[str] = set()
+        self._epoch_live: set[str] = set()
         self._owners: dict[int, Owner] = {}
         self._owner_rows: dict[int, tuple[Lease, Owner]] = {}
         #: The last lease listing, and what was worked out from it.
         self._last_listing: dict[int, Stored[Lease]] = {}
         #: The epochs node-mode leases of the last listing name, in shard order.
-        self._named: dict[EpochKey, None] = {}
+        self._named: dict[EpochKey, list[int]] = {}
+        #: Shards of the last listing held by a record unchanged for a TTL
+        #: (shard mode, or corrupt): perhaps expired, looked at by a node at
+        #: its share (adoption), with the free ones and the shards of silent epochs.
+        self._idle_shards: list[int] = []
         self._free_shards: list[int] = []
         self._hb_seq = 0
         # Held by a heartbeat write and by its deletion: a graceful stop must
@@ -576,6 +598,8 @@ class PlacementLoop:
         async with self._epoch_lock:
             if self._epoch_retired:
                 return True
+            if self._withdrawn() and not self._epoch_shards(self.epoch):
+                return True  # silent: peers stop counting it after a TTL
             epoch = self.epoch
             self._epoch_seq += 1
             record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch,
@@ -630,6 +654,35 @@ class PlacementLoop:
         self._epoch_version = current.version
         return True
 
+    def _stranded(self) -> list[int]:
+        """Closed shards of the current epoch whose lease could not be freed
+        within a TTL of their close: nobody can take them while the epoch
+        lives (its record keeps them), so they are open nowhere."""
+        now = self.clock.monotonic()
+        return [s for s, h in self.held.items()
+                if h.phase is Phase.CLOSED and h.by_epoch and h.lease.incarnation == self.epoch
+                and h.closed_at is not None and now - h.closed_at > self.ttl]
+
+    async def _give_up_epoch(self) -> None:
+        """Some closed shard's lease could not be freed for a TTL (lease writes
+        fail while epoch writes work): stop keeping the epoch, so that peers
+        see it silent, end it and take its leases, stranded ones included.
+        Every shard of it is closed now; the node goes on with a new epoch."""
+        async with self._epoch_lock:  # (after an epoch write in flight)
+            epoch, stranded = self.epoch, self._stranded()
+            if not stranded or self._epoch_retired:
+                return
+            shards = self._epoch_shards(epoch)
+            logger.error("could not free shard(s) %s within a TTL of closing them: giving up "
+                         "epoch %s so that peers may take them (closing %d shard(s))",
+                         stranded, epoch, len(shards))
+            # Closed now, fenced at the epoch's deadline at the latest (the
+            # new epoch extends none of them); each is freed if a write works.
+            for shard in shards:
+                self.held[shard].phase = Phase.RELEASING
+                self.runner.stop(shard, Reason.RELEASE)
+            self._next_epoch()
+
     def _epoch_lost(self, epoch: str) -> None:
         """Our epoch record was ended (or deleted) by a peer, which saw it
         unchanged for a TTL: every lease of the epoch may be taken. Fence
@@ -641,6 +694,9 @@ class PlacementLoop:
         self.runner.fence(shards)
         self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
                                        epoch=epoch, shards=tuple(sorted(shards))))
+        self._next_epoch()
+
+    def _next_epoch(self) -> None:
         # Derived, not random: unique per incarnation, and a simulation replays it.
         self._epoch_count += 1
         self.epoch = hashlib.blake2b(f"{self.incarnation}/{self._epoch_count}".encode(),
@@ -704,6 +760,7 @@ class PlacementLoop:
                                    shard, e)
                     return
                 held.lease, held.version = lease, version
+                held.changed_at = self.clock.monotonic()
                 self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
@@ -745,8 +802,13 @@ class PlacementLoop:
                 await self._heartbeat()  # so that the older peers count this node
             await self._hand_over(cap=self._older_cap)
 
+    def _epochs_wanted(self) -> bool:
+        """Node mode reads the epochs every round; shard mode only while
+        node-mode leases exist (their owners are live by their epochs)."""
+        return self.mode == "node" or self._node_leases
+
     async def _read_epochs(self) -> dict[EpochKey, str] | None:
-        if self.mode != "node" and not self._node_leases:
+        if not self._epochs_wanted():
             self.epoch_watch.fresh = False
             return None
         return await self.epoch_watch.read()
@@ -779,6 +841,13 @@ class PlacementLoop:
         if self.mode == "node" and not self.older:
             if not self._hb_deleted and not self._stopping:
                 # The older peers are gone: nobody counts nodes by heartbeat.
+                try:
+                    await self._delete_heartbeat()
+                except StoreError as e:
+                    logger.info("could not delete the heartbeat: %s", e)
+            return
+        if self._withdrawn():
+            if not self._hb_deleted:
                 try:
                     await self._delete_heartbeat()
                 except StoreError as e:
@@ -865,6 +934,8 @@ class PlacementLoop:
         await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
                                if not h.by_epoch or h.phase is Phase.CLOSED))
         self.runner.flush()  # the host learns the moved deadlines, in one call
+        if self.mode == "node" and not self._stopping and self._stranded():
+            await self._give_up_epoch()
         if failed:
             logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
             self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
@@ -895,6 +966,7 @@ class PlacementLoop:
                 self._lost(shard)
                 return
             held.lease, held.version = lease, version
+            held.changed_at = self.clock.monotonic()
             self.runner.extend(shard, self._deadline(sent, lease.ttl))
 
     def _wants_epoch(self, held: _Held) -> bool:
@@ -927,12 +999,57 @@ class PlacementLoop:
             self._lost(shard)
             return
         held.lease, held.version = lease, version
+        held.changed_at = self.clock.monotonic()
         if epoch != self.epoch or not self._epoch_valid() or self._epoch_deadline is None:
             # The epoch ended while the write was on its way: the record now
             # names an epoch that peers may end, or have ended.
             self.runner.fence([shard])
             return
         self.runner.extend(shard, self._epoch_deadline)
+
+    async def _write_lease(self, lease: Lease, version: str | None) -> str:
+        """Every lease write of this node, so that it knows whether it can
+        write leases at all (a conflict is an answer: the store works)."""
+        try:
+            written = await self.store.write_lease(lease, version)
+        except Conflict:
+            self._lease_writes_failing = None
+            raise
+        except StoreError:
+            if self._lease_writes_failing is None:
+                self._lease_writes_failing = self.clock.monotonic()
+            raise
+        self._lease_writes_failing = None
+        return written
+
+    def _withdrawn(self) -> bool:
+        """A node whose lease writes have failed for a TTL and that keeps no
+        shard open is no use to its peers, and would only take a share it
+        cannot claim (the shards of that share then open nowhere): it stops
+        counting itself and stops beating (its heartbeat, or in node mode its
+        epoch) until a probe shows lease writes work again."""
+        since = self._lease_writes_failing
+        if since is None or self._stopping or self.clock.monotonic() - since <= self.ttl \
+                or any(h.phase is not Phase.CLOSED for h in self.held.values()):
+            if self._withdrawn_at is not None:
+                self._withdrawn_at = None
+                logger.info("lease writes work again: counting this node as a peer")
+            return False
+        if self._withdrawn_at is None:
+            self._withdrawn_at = self.clock.monotonic()
+            logger.error("lease writes have failed for over a TTL: not counting this node "
+                         "as a peer until they work again")
+        return True
+
+    async def _probe_lease_writes(self) -> None:
+        """A lease write that cannot land (a compare-and-swap against a version
+        no store makes): a Conflict says the store takes lease writes again."""
+        now = self.clock.wall()
+        probe = Lease(cluster=self.cluster, shard=0, owner=None, generation=0,
+                      write_id=new_write_id(), renewed_at=now, since=now, ttl=self.ttl)
+        with contextlib.suppress(Conflict, StoreError):
+            await self.calls.bounded("probe of lease writes",
+                                     functools.partial(self._write_lease, probe, NO_SUCH_VERSION))
 
     async def _write_held(self, held: _Held, lease: Lease) -> str:
         """Compare-and-swap a lease this node holds. A conflict may be this
@@ -943,7 +1060,7 @@ class PlacementLoop:
         its version and write once more. Raises `Conflict` when another node
         wrote the record, `StoreError` when that cannot be told yet."""
         try:
-            return await self.store.write_lease(lease, held.version)
+            return await self._write_lease(lease, held.version)
         except Conflict:
             current = await self.store.get_lease(self.cluster, lease.shard)
             rec = current.record if current is not None else None
@@ -957,7 +1074,8 @@ class PlacementLoop:
             logger.info("shard %d: an earlier write of ours had landed; resuming from it",
                         lease.shard)
             held.version = current.version
-        return await self.store.write_lease(lease, held.version)
+            held.changed_at = self.clock.monotonic()
+        return await self._write_lease(lease, held.version)
 
     def _written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
         """The TTL a renewal sent at `sent` writes over a record carrying
@@ -995,13 +1113,26 @@ class PlacementLoop:
             if self.epoch_watch.suspects and not self._stopping:
                 # Before the share: an epoch a peer ended is no live node.
                 await self.epoch_watch.check_suspects()
-            live = live | self.epoch_watch.live()
-            if self._stopping:
-                live.discard(self.name)
-            self._live = live
-            if self.mode == "node" and not self._stopping:
-                await self._check_older()
-        share = 0 if self._stopping else math.ceil(self.options.shards / max(1, len(live)))
+            self._epoch_live = self.epoch_watch.live()
+        elif not self._epochs_wanted():
+            self._epoch_live = set()
+        # A listing that failed keeps what it showed last: a failed read must
+        # never make this node think itself alone (and claim every shard).
+        live = live | self._epoch_live
+        withdrawn = self._withdrawn()
+        if self._stopping or withdrawn:
+            live.discard(self.name)
+        else:
+            live.add(self.name)
+        self._live = live
+        if epochs is not None and self.mode == "node" and not self._stopping:
+            await self._check_older()
+        if leases is not None:
+            await self._check_held(leases, started)
+        share = 0 if self._stopping or withdrawn else math.ceil(
+            self.options.shards / max(1, len(live)))
+        if withdrawn:
+            await self._probe_lease_writes()
         self._release_beyond()
         self._release_excess(share)
         if leases is not None and self._stopping:
@@ -1031,7 +1162,7 @@ class PlacementLoop:
                                        lambda: self.store.list_heartbeats(self.cluster))
         except StoreError as e:
             logger.warning("could not read heartbeats, keeping the last live set: %s", e)
-            return self._live
+            return self._beat_live
         now = self.clock.monotonic()
         for node, version in beats.items():
             seen = self._beats.get(node)
@@ -1042,11 +1173,7 @@ class PlacementLoop:
         live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
         self._beating = live - {self.name}
         self._beats_listed = (self._beats_listed[1], started)
-        if not self._stopping:
-            live.add(self.name)
-        else:
-            live.discard(self.name)
-        self._live = live
+        self._beat_live = live
         return live
 
     def _release_excess(self, share: int) -> None:
@@ -1074,8 +1201,9 @@ class PlacementLoop:
             return None
         now = self.clock.monotonic()
         owners: dict[int, Owner] = {}
-        named: dict[EpochKey, None] = {}
+        named: dict[EpochKey, list[int]] = {}
         free: list[int] = []
+        idle: list[int] = []
         last = self._last_listing
         for shard in range(self.options.shards):
             stored = leases.get(shard)
@@ -1088,7 +1216,10 @@ class PlacementLoop:
                     if rec.owner is None:
                         free.append(shard)
                     elif rec.renewal == "node":
-                        named[(rec.owner, rec.incarnation or "")] = None
+                        named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
+                        continue
+                if now - self._seen[shard].since > self.ttl:
+                    idle.append(shard)
                 continue
             seen = self._seen.get(shard)
             if stored is None:
@@ -1108,16 +1239,56 @@ class PlacementLoop:
                 owners[shard] = self._owner_of(shard, rec)
                 if rec.owner is None:
                     free.append(shard)
-                elif rec.renewal == "node":
-                    named[(rec.owner, rec.incarnation or "")] = None
+                    continue
+                if rec.renewal == "node":
+                    named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
+                    continue
+            if now - self._seen[shard].since > self.ttl:
+                idle.append(shard)
         for shard, held in self.held.items():
             owners[shard] = Owner(shard, self.name, held.lease.generation, held.lease.since)
         self._owners = owners
         self._last_listing = leases
         self._named = named
         self._free_shards = free
+        self._idle_shards = idle
         self.ready.set()
         return leases
+
+    async def _check_held(self, leases: dict[int, Stored[Lease]], listed: float) -> None:
+        """A node-mode lease is written only by its owner (claims, frees), so
+        its record changes under it only by another writer: corrupted,
+        replaced or deleted. Shard mode learns that from its next renewal's
+        compare-and-swap; node mode would keep the shard for ever while
+        nobody else may claim what the record says. A listing that shows
+        another version (and started after our last write of it) is checked
+        by a read; if the record is no longer ours, the shard is given up."""
+        for shard, held in list(self.held.items()):
+            stored = leases.get(shard)
+            if not held.by_epoch or held.changed_at >= listed or held.lock.locked() \
+                    or (stored is not None and stored.version == held.version):
+                continue
+            try:
+                current = await self.calls.bounded(
+                    f"read of shard {shard}",
+                    functools.partial(self.store.get_lease, self.cluster, shard))
+            except StoreError as e:
+                logger.info("shard %d: could not read its lease again: %s", shard, e)
+                continue
+            if self.held.get(shard) is not held or held.changed_at >= listed \
+                    or held.lock.locked():
+                continue  # written by us meanwhile
+            rec = current.record if current is not None else None
+            if current is not None and (current.version == held.version or (
+                    rec is not None and rec.owner == self.name
+                    and rec.incarnation in self.own_epochs
+                    and rec.generation == held.lease.generation)):
+                continue  # ours (a write whose answer was lost names us too)
+            what = ("deleted" if current is None else "corrupt" if rec is None
+                    else f"now says owner {rec.owner!r}, generation {rec.generation}")
+            logger.error("shard %d: its lease record was changed by another writer (%s): "
+                         "giving the shard up", shard, what)
+            self._lost(shard)
 
     def _owner_of(self, shard: int, rec: Lease) -> Owner:
         """The Owner row of a record, shared while the record is unchanged."""
@@ -1149,12 +1320,25 @@ class PlacementLoop:
 
     def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
         """Seconds this node has seen the shard free (no record, or no owner)
-        without a change; 0 if it is not free."""
+        or claimable by expiry (an owner that stopped keeping it: its record,
+        or in node mode its epoch, unchanged for the TTL it is judged by);
+        0 if it is neither. A shard its owner closed but cannot free (its
+        lease writes fail) expires like this, and must then find a node even
+        if every node is at its share: adoption counts this."""
         seen = self._seen.get(shard)
-        if seen is None or (stored is not None and (stored.record is None
-                                                    or stored.record.owner is not None)):
+        if seen is None:
             return 0.0
-        return now - seen.since
+        rec = stored.record if stored is not None else None
+        if stored is None or (rec is not None and rec.owner is None):
+            return now - seen.since
+        if rec is None:  # corrupt: held until unchanged for a TTL
+            return max(0.0, now - seen.since - self.ttl)
+        if rec.owner == self.name and rec.incarnation in self.own_epochs:
+            return 0.0
+        if rec.renewal == "node":
+            silent = self.epoch_watch.silent_for((rec.owner or "", rec.incarnation or ""), now)
+            return max(0.0, silent - max(self.ttl, rec.ttl))
+        return max(0.0, now - seen.since - max(self.ttl, rec.ttl))
 
     async def _claim(self, leases: dict[int, Stored[Lease]], share: int) -> None:
         active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
@@ -1162,7 +1346,10 @@ class PlacementLoop:
         now = self.clock.monotonic()
         # At its share a node only adopts shards free for a TTL: the free ones
         # are all it needs to look at (the rest costs O(shards) a round).
-        pool = range(self.options.shards) if want > 0 else self._free_shards
+        pool: Iterable[int] = range(self.options.shards) if want > 0 else [
+            *self._free_shards, *self._idle_shards,
+            *(s for key, shards in self._named.items()
+              if self.epoch_watch.silent_for(key, now) > self.ttl for s in shards)]
         candidates = [s for s in pool if self._claimable(s, leases.get(s), now)]
         candidates.sort(key=lambda s: preference(self.name, s), reverse=True)
         chosen = candidates[:want]
@@ -1227,7 +1414,7 @@ class PlacementLoop:
                       renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:
-            version = await self.store.write_lease(lease, stored.version if stored else None)
+            version = await self._write_lease(lease, stored.version if stored else None)
         except Conflict:
             logger.debug("shard %d: lost the race to claim it", shard)
             return
@@ -1240,11 +1427,12 @@ class PlacementLoop:
             # Stopped (or the epoch ended, or its deadline passed: a slow
             # write) while the claim was in flight: never opened; the
             # renewals free it.
-            held = _Held(lease, version)
+            held = _Held(lease, version, changed_at=self.clock.monotonic())
             held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED)
             self.held[shard] = held
             return
-        self.held[shard] = _Held(lease, version, adopted=adopted)
+        self.held[shard] = _Held(lease, version, adopted=adopted,
+                                  changed_at=self.clock.monotonic())
         self._owners[shard] = Owner(shard, self.name, generation, lease.since)
         try:
             self.runner.start(shard, generation, deadline)
@@ -1263,6 +1451,7 @@ class PlacementLoop:
         if held is None:
             return  # lost: nothing to free
         held.closed(reason)
+        held.closed_at = self.clock.monotonic()
         task = asyncio.create_task(self._free_soon(shard, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -1348,7 +1537,7 @@ class PlacementLoop:
                                            "since": self.clock.wall()})
             try:
                 await self.calls.bounded(f"free of stray shard {shard}",
-                                    functools.partial(self.store.write_lease, lease,
+                                    functools.partial(self._write_lease, lease,
                                                       stored.version))
             except Conflict:
                 # Changed since the read: freed by this node's own release in

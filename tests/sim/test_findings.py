@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from shardlease.sim import (
+    LEASE_WRITES,
+    Corrupt,
     Fault,
+    Join,
     Leave,
     Reconfigure,
     ScenarioResult,
@@ -22,33 +25,35 @@ def ok(result: ScenarioResult) -> ScenarioResult:
     return result
 
 
-def open_nowhere(result: ScenarioResult, t0: float, t1: float) -> float:
-    """Shard-seconds in [t0, t1) during which a shard was open on no node."""
-    total = 0.0
+def open_nowhere(result: ScenarioResult, t0: float, t1: float) -> tuple[float, float]:
+    """Shard-seconds in [t0, t1) during which a shard was open on no node,
+    and the longest such stretch of one shard."""
+    total = longest = 0.0
     for shard in range(result.shards):
-        opened: dict[str, float] = {}
-        nowhere_since: float | None = t0
+        opened: set[str] = set()
+        since: float | None = t0
         for ev in result.trace:
             if ev.t >= t1:
                 break
             if ev.kind == "crash":
-                opened.pop(ev.node, None)
+                opened.discard(ev.node)
             elif ev.shard != shard:
                 continue
             elif ev.kind == "open_ok":
-                opened[ev.node] = ev.t
+                opened.add(ev.node)
             elif ev.kind == "close_call":
-                opened.pop(ev.node, None)
+                opened.discard(ev.node)
             else:
                 continue
-            if opened and nowhere_since is not None:
-                total += max(0.0, ev.t - max(nowhere_since, t0))
-                nowhere_since = None
-            elif not opened and nowhere_since is None:
-                nowhere_since = ev.t
-        if nowhere_since is not None:
-            total += max(0.0, t1 - max(nowhere_since, t0))
-    return total
+            if opened and since is not None:
+                stretch = max(0.0, ev.t - max(since, t0))
+                total, longest, since = total + stretch, max(longest, stretch), None
+            elif not opened and since is None:
+                since = ev.t
+        if since is not None:
+            stretch = max(0.0, t1 - max(since, t0))
+            total, longest = total + stretch, max(longest, stretch)
+    return total, longest
 
 
 def ttl_cut(first: float, last: float, late: str) -> list[Fault]:
@@ -74,3 +79,48 @@ def test_a_garbage_collected_epoch_is_no_licence_to_take_its_later_leases(
                         faults=faults))
     claimed = [ev for ev in r.trace if ev.kind == "claim" and ev.node == "n0" and ev.t > at]
     assert claimed, "the scenario lost its point: n0 claimed nothing"
+
+
+def test_a_failed_epoch_listing_never_widens_the_share() -> None:
+    # Finding D: 3 node-mode nodes, 12 shards; n0's epoch listing fails for a
+    # minute and n1 leaves meanwhile. n0 must keep the share of the last live
+    # set it knew (4), not think itself alone (12).
+    faults: list[Fault] = [StoreFault(60, 120, node="n0", error_rate=1.0,
+                                      calls=frozenset({"list_epochs"})),
+                           Leave(80, "n1")]
+    r = ok(run_scenario(nodes=3, shards=12, seed=3, renewal="node", faults=faults))
+    shares = [int(ev.detail.split("share=")[1].split()[0]) for ev in r.trace
+              if ev.kind == "round" and ev.node == "n0" and 60 < ev.t < 120]
+    assert shares and max(shares) <= 6, shares
+
+
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+def test_a_node_whose_lease_writes_fail_does_not_strand_what_it_closed(renewal: str) -> None:
+    # Finding E: 2 nodes + a joiner, 6 shards; n0's lease writes fail for 145 s
+    # from before the join. The shard n0 releases to the joiner (or fails to
+    # open) must reopen somewhere within a few TTLs, not wait for the fault.
+    faults: list[Fault] = [StoreFault(60, 205, node="n0", error_rate=1.0, calls=LEASE_WRITES),
+                           Join(70, "n2")]
+    r = ok(run_scenario(nodes=2, shards=6, seed=5, renewal=renewal,  # type: ignore[arg-type]
+                        faults=faults))
+    # A closed shard's lease expires (or n0 gives up the epoch that keeps it)
+    # and a peer adopts it; n0, unable to write leases, stops counting itself
+    # until a probe shows they work again.
+    total, longest = open_nowhere(r, 70 + 4 * TTL, 205)
+    assert total == 0.0, (total, longest)  # before the fix: 150 / 75 (shard), 75 / 75 (node)
+
+
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+def test_an_owner_whose_record_was_corrupted_under_it_gives_it_up(renewal: str) -> None:
+    # Finding F: the records of shards held by live owners are overwritten with
+    # garbage. Within a few rounds each owner must stop keeping it (shard mode:
+    # its renewal's compare-and-swap fails), and a node claims it again over
+    # the corrupt record once it has been seen unchanged for a TTL; (c) then
+    # holds at quiescence.
+    faults: list[Fault] = [Corrupt(60, 0), Corrupt(61, 5), Corrupt(62, 9)]
+    r = ok(run_scenario(nodes=3, shards=12, seed=7, renewal=renewal,  # type: ignore[arg-type]
+                        faults=faults))
+    for shard in (0, 5, 9):
+        reopened = [ev for ev in r.trace if ev.kind == "open_ok" and ev.shard == shard
+                    and ev.t > 60]
+        assert reopened and reopened[0].t <= 62 + 2 * TTL + 3 * 5.0, shard
