@@ -128,10 +128,14 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
-#: A compare-and-swap against this version never succeeds (no store makes
-#: such a version): a withdrawn node's probe of whether lease writes work
-#: again (`_probe_lease_writes`) -- a Conflict is the answer that they do.
-NO_SUCH_VERSION = "shardlease-probe-never-a-version"
+#: A compare-and-swap against this version never succeeds: a withdrawn
+#: node's probe of whether lease writes work again (`_probe_lease_writes`),
+#: a Conflict being the answer that they do. Every store must refuse it as a
+#: Conflict (the store contract checks): it is the largest resourceVersion
+#: Kubernetes parses (etcd's revision never gets there; "0" would mean an
+#: unconditional update there, and a non-number is an error), an ETag S3
+#: never makes, and no version of the memory or file stores.
+NO_SUCH_VERSION = "18446744073709551615"
 
 
 class Phase(enum.Enum):

@@ -361,6 +361,22 @@ class StoreContract:
         assert await store.get_lease(CLUSTER, 6) is None
         assert sorted(await store.list_leases(CLUSTER)) == [5]
 
+    async def test_a_swap_against_the_loops_probe_version_is_a_conflict_and_writes_nothing(
+            self, store: LeaseStore) -> None:
+        # A withdrawn node probes lease writes with this (loop.NO_SUCH_VERSION):
+        # the store must answer Conflict, over a record and over none.
+        from shardlease.loop import NO_SUCH_VERSION
+
+        lease = make_lease(shard=0)
+        version = await store.create_lease(lease)
+        with pytest.raises(Conflict):
+            await store.update_lease(rewrite(lease, owner="node-b"), NO_SUCH_VERSION)
+        with pytest.raises(Conflict):
+            await store.update_lease(make_lease(shard=3), NO_SUCH_VERSION)
+        got = await store.get_lease(CLUSTER, 0)
+        assert got is not None and got.version == version and valid(got) == lease
+        assert await store.get_lease(CLUSTER, 3) is None
+
     async def test_every_write_gets_a_new_version_even_when_only_the_write_id_changes(
             self, store: LeaseStore) -> None:
         lease = make_lease(shard=0)
