@@ -62,16 +62,6 @@ Every node judges each lease by the way the lease says it is kept, whatever
 its own mode. A graceful stop first turns its node-mode leases into shard-mode
 ones (one write each), then retires the epoch and stops as in shard mode.
 
-Older peers (the rolling-upgrade guard). A node of a version before node mode
-reads a node-mode lease as a shard-mode one, and would take it once it has
-seen it unchanged for a TTL. Such a node writes heartbeats and no epoch; so a
-node-mode node reads the heartbeats every round, and while any live peer
-beats without a live epoch (`older`) it keeps leases the shard way: it claims
-shard-mode leases, turns its node-mode ones into shard-mode ones at once (one
-that cannot be turned in time is fenced), and writes heartbeats (so the older
-node counts it). When no such peer is left, renewals turn its leases back
-into node-mode ones, one epoch write at a time. docs/renewal.md says what
-this guarantees and what it cannot.
 docs/renewal.md has the safety argument.
 
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
@@ -98,7 +88,7 @@ from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
-from shardlease.records import Epoch, Heartbeat, Lease, Renewal, Stored, new_write_id
+from shardlease.records import Epoch, Heartbeat, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
@@ -269,7 +259,7 @@ class PlacementLoop:
         # Held by a heartbeat write and by its deletion: a graceful stop must
         # not delete the heartbeat while a write of it is on its way.
         self._hb_lock = asyncio.Lock()
-        # Node mode writes none, except while an older peer is live.
+        # Node mode writes none: its epoch is its heartbeat.
         self._hb_deleted = options.renewal == "node"
         self._stop_started: float | None = None
         # -- node mode: this node's epoch, and what it saw of everyone's.
@@ -285,21 +275,6 @@ class PlacementLoop:
         self._epoch_deadline: float | None = None
         self._epoch_lock = asyncio.Lock()
         self._epoch_retired = False
-        #: Peers live by their heartbeats in the last listing (not this node).
-        self._beating: set[str] = set()
-        #: When the heartbeat listing before the last successful one started:
-        #: a heartbeat first seen in the last one was written after that.
-        self._beats_listed: tuple[float | None, float | None] = (None, None)
-        #: Node mode: live peers that beat without a live epoch (nodes of an
-        #: older version, or in shard mode): while there are any, leases are
-        #: kept the shard way (see "Older peers" above).
-        self.older: set[str] = set()
-        #: Whether `older` was worked out from listings of both heartbeats
-        #: and epochs (no node-mode claim before).
-        self._older_known = False
-        #: While `older` is not empty: by when each node-mode lease must have
-        #: become a shard-mode one, or be fenced.
-        self._older_cap = math.inf
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -465,17 +440,10 @@ class PlacementLoop:
         return self.runner.shards()
 
     @property
-    def claim_renewal(self) -> Renewal:
-        """How a lease claimed now is kept: the options' mode, except shard
-        while an older peer is live (it would read a node-mode lease as a
-        shard-mode one)."""
-        return "node" if self.mode == "node" and not self.older else "shard"
-
-    @property
     def lease_incarnation(self) -> str:
         """What a lease claimed now names as its owner's incarnation: this
         process's, or in node mode its current epoch."""
-        return self.epoch if self.claim_renewal == "node" else self.incarnation
+        return self.epoch if self.mode == "node" else self.incarnation
 
     @property
     def own_epochs(self) -> set[str]:
@@ -722,14 +690,10 @@ class PlacementLoop:
                     lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
                 self._epoch_version = None
 
-    async def _hand_over(self, cap: float | None = None) -> None:
-        """Rewrite each node-mode lease as a shard-mode one, so that it is
-        kept by its own record (renewed by the renewals): when stopping in
-        node mode (the epoch goes away), or when an older peer is live (it
-        would take a node-mode lease it saw unchanged for a TTL). With `cap`
-        (the latter), a lease not rewritten by then is fenced: the older peer
-        may count its TTL from before we saw it, and an answer that did not
-        come leaves the record unknown while the epoch goes on."""
+    async def _hand_over(self) -> None:
+        """Stopping in node mode (the epoch goes away): rewrite each node-mode
+        lease as a shard-mode one, so that it is kept by its own record
+        (renewed by the renewals) while its shard closes."""
 
         async def one(shard: int, held: _Held) -> None:
             async with held.lock:
@@ -738,11 +702,6 @@ class PlacementLoop:
                     return
                 sent = self.clock.monotonic()
                 deadline = self.runner.deadline(shard)
-                if cap is not None:
-                    deadline = cap if deadline is None else min(deadline, cap)
-                    if deadline <= sent:
-                        self.runner.fence([shard])
-                        return
                 lease = held.lease.model_copy(update={
                     "renewal": "shard", "write_id": new_write_id(),
                     "renewed_at": self.clock.wall(),
@@ -755,11 +714,6 @@ class PlacementLoop:
                     self._lost(shard)
                     return
                 except StoreError as e:
-                    if cap is not None:
-                        logger.warning("shard %d could not be turned into a shard-mode lease "
-                                       "in time for an older peer: fencing it: %s", shard, e)
-                        self.runner.fence([shard])
-                        return
                     logger.warning("shard %d stays on the epoch, fenced at its deadline: %s",
                                    shard, e)
                     return
@@ -774,37 +728,6 @@ class PlacementLoop:
                 await one(shard, held)
 
         await asyncio.gather(*(limited(s, h) for s, h in list(self.held.items())))
-
-    async def _check_older(self) -> None:
-        """Work out the older peers (live by heartbeat, with no live epoch)
-        from the listings just read, and keep leases the shard way while
-        there are any (see "Older peers" in the module's text)."""
-        if not self.epoch_watch.fresh or self._beats_listed[1] is None:
-            return  # a listing failed: keep what was known
-        older = self._beating - self.epoch_watch.live()
-        self._older_known = True
-        if older and not self.older:
-            # A heartbeat first seen in the last listing was written after
-            # the listing before it started; an older node may have read our
-            # leases since then, and takes one a TTL after it first saw it.
-            since = self._beats_listed[0]
-            self._older_cap = (since if since is not None else self.clock.monotonic()) \
-                + self.ttl - self.options.margin_s
-            held = sum(1 for h in self.held.values() if h.by_epoch)
-            logger.warning(
-                "peer(s) %s keep leases by heartbeat and have no epoch (a version before "
-                "node renewal, or renewal: shard): keeping leases by shard renewal while "
-                "they are live; turning %d node-mode lease(s) into shard-mode ones",
-                ", ".join(sorted(older)), held)
-        elif self.older and not older:
-            logger.info("no peer without an epoch is left: leases go back to node renewal")
-            self._older_cap = math.inf
-        became = older and not self.older
-        self.older = older
-        if older:
-            if became:
-                await self._heartbeat()  # so that the older peers count this node
-            await self._hand_over(cap=self._older_cap)
 
     def _epochs_wanted(self) -> bool:
         """Node mode reads the epochs every round; shard mode only while
@@ -842,14 +765,8 @@ class PlacementLoop:
             await self._pause(due)
 
     async def _heartbeat(self) -> None:
-        if self.mode == "node" and not self.older:
-            if not self._hb_deleted and not self._stopping:
-                # The older peers are gone: nobody counts nodes by heartbeat.
-                try:
-                    await self._delete_heartbeat()
-                except StoreError as e:
-                    logger.info("could not delete the heartbeat: %s", e)
-            return
+        if self.mode == "node":
+            return  # its epoch is its heartbeat
         if self._withdrawn():
             if not self._hb_deleted:
                 try:
@@ -926,14 +843,6 @@ class PlacementLoop:
                     failed.append(shard)
                     errors.append(str(e))
 
-        if self._epoch_deadline is not None and any(
-                self._wants_epoch(h) and (self.runner.deadline(s) or 0.0) > self._epoch_deadline
-                for s, h in self.held.items()):
-            # Leases to turn back into node-mode ones whose deadline the last
-            # epoch write does not cover (it was sent before their last
-            # renewal: the two tasks keep the same pace, often the same
-            # instant): one epoch write now covers them all.
-            await self._beat_epoch()
         # Node-mode leases are renewed by the epoch; only their frees are here.
         await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
                                if not h.by_epoch or h.phase is Phase.CLOSED))
@@ -956,9 +865,6 @@ class PlacementLoop:
             sent = self.clock.monotonic()
             # Useful until the deadline: a slow store may still save the shard.
             deadline = self.runner.deadline(shard)
-            if deadline is not None and self._to_epoch(held, deadline):
-                await self._by_epoch_again(shard, held, sent, deadline)
-                return
             lease = held.lease.model_copy(update={
                 "write_id": new_write_id(), "renewed_at": self.clock.wall(),
                 "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
@@ -972,44 +878,6 @@ class PlacementLoop:
             held.lease, held.version = lease, version
             held.changed_at = self.clock.monotonic()
             self.runner.extend(shard, self._deadline(sent, lease.ttl))
-
-    def _wants_epoch(self, held: _Held) -> bool:
-        """Whether a held shard-mode lease (claimed while an older peer was
-        live) is to be turned back into a node-mode one of the current epoch:
-        once no older peer is left."""
-        return (self.claim_renewal == "node" and self._older_known and not self._stopping
-                and not held.by_epoch and held.phase is Phase.HELD
-                and held.lease.ttl == self._epoch_ttl and self._epoch_valid())
-
-    def _to_epoch(self, held: _Held, deadline: float) -> bool:
-        """Whether this renewal turns the lease into a node-mode one: only if
-        the epoch's deadline covers the shard's (the record's validity
-        becomes the epoch's, and no deadline moves backwards)."""
-        return self._wants_epoch(held) and self._epoch_deadline is not None \
-            and deadline <= self._epoch_deadline
-
-    async def _by_epoch_again(self, shard: int, held: _Held, sent: float,
-                              deadline: float) -> None:
-        """The renewal that turns a shard-mode lease into a node-mode one."""
-        epoch = self.epoch
-        lease = held.lease.model_copy(update={
-            "renewal": "node", "incarnation": epoch, "write_id": new_write_id(),
-            "renewed_at": self.clock.wall()})
-        try:
-            version = await self.calls.bounded(
-                f"renewal of shard {shard} by its epoch", lambda: self._write_held(held, lease),
-                budget=deadline - sent)
-        except Conflict:
-            self._lost(shard)
-            return
-        held.lease, held.version = lease, version
-        held.changed_at = self.clock.monotonic()
-        if epoch != self.epoch or not self._epoch_valid() or self._epoch_deadline is None:
-            # The epoch ended while the write was on its way: the record now
-            # names an epoch that peers may end, or have ended.
-            self.runner.fence([shard])
-            return
-        self.runner.extend(shard, self._epoch_deadline)
 
     async def _write_lease(self, lease: Lease, version: str | None) -> str:
         """Every lease write of this node, so that it knows whether it can
@@ -1129,8 +997,6 @@ class PlacementLoop:
         else:
             live.add(self.name)
         self._live = live
-        if epochs is not None and self.mode == "node" and not self._stopping:
-            await self._check_older()
         if leases is not None:
             await self._check_held(leases, started)
         share = 0 if self._stopping or withdrawn else math.ceil(
@@ -1154,13 +1020,12 @@ class PlacementLoop:
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
-                                  ok=leases is not None, older_peers=len(self.older)))
+                                  ok=leases is not None))
 
     async def _live_nodes(self) -> set[str]:
         # Read every round, in node mode too, though a pure node-mode cluster
-        # writes no heartbeat: an older node (see "Older peers") shows only
-        # here, and must be seen within a round of its first heartbeat.
-        started = self.clock.monotonic()
+        # writes no heartbeat: a peer in shard mode (a cluster switching
+        # modes) counts for the share only by its heartbeat.
         try:
             beats = await self.calls.joined("heartbeats", "heartbeat listing",
                                        lambda: self.store.list_heartbeats(self.cluster))
@@ -1175,8 +1040,6 @@ class PlacementLoop:
         for node in set(self._beats) - set(beats):
             del self._beats[node]  # deleted: a graceful stop
         live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
-        self._beating = live - {self.name}
-        self._beats_listed = (self._beats_listed[1], started)
         self._beat_live = live
         return live
 
@@ -1363,10 +1226,8 @@ class PlacementLoop:
         adopted = set(orphans[:ADOPT_PER_ROUND])
         if not chosen and not adopted:
             return
-        if self.claim_renewal == "node" and not (self._epoch_valid() and self._older_known):
-            # No epoch to tie a lease to yet (or it is failing), or not known
-            # yet whether an older peer would misread a node-mode lease.
-            return
+        if self.mode == "node" and not self._epoch_valid():
+            return  # no epoch to tie a lease to yet, or it is failing
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
         # Each silent epoch is ended once, before any of its leases is claimed.
         ending: dict[EpochKey, asyncio.Task[bool]] = {}
@@ -1410,7 +1271,7 @@ class PlacementLoop:
         generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
         now = self.clock.wall()
         epoch = self.epoch
-        by_epoch = self.claim_renewal == "node"
+        by_epoch = self.mode == "node"
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
                       incarnation=epoch if by_epoch else self.incarnation,
                       write_id=new_write_id(), renewed_at=now, since=now,

@@ -152,8 +152,6 @@ class Round(Event):
     held: int
     duration: float
     ok: bool
-    #: Node mode: live peers that beat without an epoch (loop.py, "Older peers").
-    older_peers: int = 0
 
 
 Subscriber = Callable[[Event], None]
@@ -227,11 +225,6 @@ class PrometheusMetrics:
         self.live = Gauge("shardlease_live_nodes", "Nodes seen live", labels, registry=reg)
         self.share = Gauge("shardlease_fair_share", "ceil(shards / live nodes)", labels,
                            registry=reg)
-        self.older = Gauge("shardlease_older_peers",
-                           "Live peers that keep leases by heartbeat and have no epoch (a "
-                           "version before node renewal, or renewal: shard); while above 0 a "
-                           "node-mode node keeps its leases by shard renewal", labels,
-                           registry=reg)
         self.rounds = Histogram("shardlease_round_seconds", "Duration of a placement round",
                                 labels, registry=reg)
 
@@ -258,9 +251,7 @@ class PrometheusMetrics:
                 self.corrupt.labels(*lab).inc()
             case EpochEnded(owner=owner):
                 self.epochs_ended.labels(*lab, "own" if owner == event.node else "peer").inc()
-            case Round(live_nodes=live, share=share, held=held, duration=duration,
-                       older_peers=older):
-                self.older.labels(*lab).set(older)
+            case Round(live_nodes=live, share=share, held=held, duration=duration):
                 self.held.labels(*lab).set(held)
                 self.live.labels(*lab).set(live)
                 self.share.labels(*lab).set(share)
