@@ -88,13 +88,13 @@ from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
 from shardlease.options import Options
-from shardlease.records import Epoch, Heartbeat, Lease, Stored, new_write_id
+from shardlease.own_epoch import OwnEpoch
+from shardlease.records import Heartbeat, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
     CorruptLease,
-    EpochEnded,
     Lost,
     Release,
     RenewFailed,
@@ -263,18 +263,6 @@ class PlacementLoop:
         self._hb_deleted = options.renewal == "node"
         self._stop_started: float | None = None
         # -- node mode: this node's epoch, and what it saw of everyone's.
-        self.epoch = self.incarnation
-        self._epoch_count = 0
-        #: Epochs this node has had (its strays may name any of them).
-        self._own_epochs = {self.epoch}
-        self._epoch_seq = 0
-        self._epoch_version: str | None = None
-        #: The TTL of the current epoch: fixed for the epoch, written in its leases.
-        self._epoch_ttl = options.lease_ttl
-        #: Deadline of every node-mode shard of the current epoch (monotonic).
-        self._epoch_deadline: float | None = None
-        self._epoch_lock = asyncio.Lock()
-        self._epoch_retired = False
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -294,6 +282,12 @@ class PlacementLoop:
         self.epoch_watch = EpochWatch(self.store, self.calls, self.clock, self.telemetry,
                                       cluster=self.cluster, name=self.name,
                                       ttl=lambda: self.ttl, own=lambda: self.epoch)
+        #: This node's own epoch (node mode).
+        self.own = OwnEpoch(self.store, self.calls, self.clock, self.telemetry, self.runner,
+                            cluster=self.cluster, name=self.name, incarnation=self.incarnation,
+                            ttl=options.lease_ttl, margin=lambda: self.options.margin_s,
+                            next_ttl=lambda: self.ttl, shards_of=self._epoch_shards,
+                            on_lost=lambda epoch: self.epoch_watch.ended.add((self.name, epoch)))
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -390,14 +384,14 @@ class PlacementLoop:
                     f"{field_name} cannot change in place ({getattr(old, field_name)!r} -> "
                     f"{getattr(options, field_name)!r}): start a new loop")
         earlier = min(self._earlier_pace, old.interval_s)
-        if self.mode == "node" and self._epoch_ttl != options.lease_ttl:
+        if self.mode == "node" and self.own.ttl != options.lease_ttl:
             pace = min(options.interval_s, earlier)
-            if options.margin_s + pace >= self._epoch_ttl:
+            if options.margin_s + pace >= self.own.ttl:
                 raise ConfigError(
                     f"margin {options.margin_s:g}s: the current epoch keeps its lease TTL "
-                    f"({self._epoch_ttl:g}s) until it ends, and renewing it every {pace:g}s "
+                    f"({self.own.ttl:g}s) until it ends, and renewing it every {pace:g}s "
                     f"with that margin would fence every shard; keep margin + interval "
-                    f"below {self._epoch_ttl:g}s, or restart the node")
+                    f"below {self.own.ttl:g}s, or restart the node")
         self.options = options
         self._earlier_pace = earlier
         self.calls.configure(interval=options.interval_s, ttl=options.lease_ttl)
@@ -446,9 +440,14 @@ class PlacementLoop:
         return self.epoch if self.mode == "node" else self.incarnation
 
     @property
+    def epoch(self) -> str:
+        """This node's current epoch id (node mode)."""
+        return self.own.epoch
+
+    @property
     def own_epochs(self) -> set[str]:
         """Every incarnation a lease of this process may name."""
-        return self._own_epochs | {self.incarnation}
+        return self.own.all | {self.incarnation}
 
     def phases(self) -> dict[int, Phase]:
         """Each held lease's phase."""
@@ -497,7 +496,7 @@ class PlacementLoop:
             await _cancel(*keepers)
             if self.mode == "node":
                 with contextlib.suppress(StoreError, TimeoutError):
-                    await asyncio.wait_for(self._retire_epoch(), self.options.interval_s)
+                    await asyncio.wait_for(self.own.retire(), self.options.interval_s)
             if not self._hb_deleted:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
@@ -526,7 +525,7 @@ class PlacementLoop:
                 # leases it still holds must then be kept by their own records.
                 await self._hand_over()
                 try:
-                    await self._retire_epoch()
+                    await self.own.retire()
                 except StoreError as e:
                     logger.warning("could not delete the epoch record: %s", e)
             if not self._hb_deleted:
@@ -542,9 +541,9 @@ class PlacementLoop:
     async def _epochs(self) -> None:
         """Node mode's renewal: the epoch record every interval (half of it
         after a failure), until the epoch is retired by a graceful stop."""
-        while not self._epoch_retired:
+        while not self.own.retired:
             started = self.clock.monotonic()
-            ok = await self._beat_epoch()
+            ok = await self.own.beat(silent=self._withdrawn())
 
             def due(ok: bool = ok, started: float = started) -> float:
                 pace = self._epoch_pace()
@@ -558,73 +557,13 @@ class PlacementLoop:
         its life: its leases say it), whose deadlines were made for the pace
         of then: the faster of the two."""
         pace = self.options.interval_s
-        if self._epoch_ttl != self.ttl:
+        if self.own.ttl != self.ttl:
             pace = min(pace, self._earlier_pace)
         return pace
 
     def _epoch_shards(self, epoch: str) -> list[int]:
         return [s for s, h in self.held.items()
                 if h.by_epoch and h.lease.incarnation == epoch and h.phase is not Phase.CLOSED]
-
-    async def _beat_epoch(self) -> bool:
-        async with self._epoch_lock:
-            if self._epoch_retired:
-                return True
-            if self._withdrawn() and not self._epoch_shards(self.epoch):
-                return True  # silent: peers stop counting it after a TTL
-            epoch = self.epoch
-            self._epoch_seq += 1
-            record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch,
-                           seq=self._epoch_seq, write_id=new_write_id(), at=self.clock.wall(),
-                           ttl=self._epoch_ttl)
-            sent = self.clock.monotonic()
-            held = self._epoch_shards(epoch)
-            # Useful until the shards' deadline, like a renewal.
-            budget = (self._epoch_deadline - sent
-                      if held and self._epoch_deadline is not None else None)
-            version = self._epoch_version
-            try:
-                written = await self.calls.bounded(
-                    "epoch renewal", lambda: self.store.write_epoch(record, version),
-                    budget=budget)
-            except Conflict:
-                if await self._still_ours(epoch):
-                    return False  # an earlier write of ours; its version is taken
-                self._epoch_lost(epoch)
-                return False
-            except StoreError as e:
-                logger.warning("epoch renewal failed (%d shard(s) depend on it): %s",
-                               len(held), e)
-                if held:
-                    self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
-                                                    shards=tuple(sorted(held)), error=str(e)))
-                return False
-            self._epoch_version = written
-            self._epoch_deadline = sent + self._epoch_ttl - self.options.margin_s
-            for shard in self._epoch_shards(epoch):
-                self.runner.extend(shard, self._epoch_deadline)
-            self.runner.flush()  # the host learns the moved deadlines, in one call
-        return True
-
-    async def _still_ours(self, epoch: str) -> bool:
-        """A write of our epoch conflicted: with an earlier write of ours whose
-        answer was lost and never recognised (the record is ours, not ended:
-        take its version, and write again next time; the deadline does not
-        move, since when that write was sent is unknown), or with a peer's
-        end (or a deletion). A record that cannot be read is not taken for an
-        end either: raised as a failure."""
-        try:
-            current = await self.calls.bounded(
-                "read of our epoch", functools.partial(self.store.get_epoch, self.cluster,
-                                                       self.name, epoch))
-        except StoreError as e:
-            logger.warning("epoch renewal conflicted and our epoch could not be read: %s", e)
-            return True  # unknown: retried, and fenced at the deadline if it stays so
-        if current is None or current.record is None or current.record.ended_by is not None:
-            return False
-        logger.info("an earlier epoch write of ours had landed; resuming from it")
-        self._epoch_version = current.version
-        return True
 
     def _stranded(self) -> list[int]:
         """Closed shards of the current epoch whose lease could not be freed
@@ -638,57 +577,18 @@ class PlacementLoop:
     async def _give_up_epoch(self) -> None:
         """Some closed shard's lease could not be freed for a TTL (lease writes
         fail while epoch writes work): stop keeping the epoch, so that peers
-        see it silent, end it and take its leases, stranded ones included.
-        Every shard of it is closed now; the node goes on with a new epoch."""
-        async with self._epoch_lock:  # (after an epoch write in flight)
-            epoch, stranded = self.epoch, self._stranded()
-            if not stranded or self._epoch_retired:
-                return
-            shards = self._epoch_shards(epoch)
-            logger.error("could not free shard(s) %s within a TTL of closing them: giving up "
-                         "epoch %s so that peers may take them (closing %d shard(s))",
-                         stranded, epoch, len(shards))
-            # Closed now, fenced at the epoch's deadline at the latest (the
-            # new epoch extends none of them); each is freed if a write works.
+        see it silent, end it and take its leases, stranded ones included."""
+        stranded = self._stranded()
+        if not stranded:
+            return
+
+        def close(shards: list[int]) -> None:
             for shard in shards:
                 self.held[shard].phase = Phase.RELEASING
                 self.runner.stop(shard, Reason.RELEASE)
-            self._next_epoch()
 
-    def _epoch_lost(self, epoch: str) -> None:
-        """Our epoch record was ended (or deleted) by a peer, which saw it
-        unchanged for a TTL: every lease of the epoch may be taken. Fence
-        them all now and go on with a new epoch."""
-        shards = self._epoch_shards(epoch)
-        logger.error("epoch %s was ended by a peer (our renewals were not seen for a TTL): "
-                     "fencing %d shard(s), starting a new epoch", epoch, len(shards))
-        self.epoch_watch.ended.add((self.name, epoch))
-        self.runner.fence(shards)
-        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
-                                       epoch=epoch, shards=tuple(sorted(shards))))
-        self._next_epoch()
-
-    def _next_epoch(self) -> None:
-        # Derived, not random: unique per incarnation, and a simulation replays it.
-        self._epoch_count += 1
-        self.epoch = hashlib.blake2b(f"{self.incarnation}/{self._epoch_count}".encode(),
-                                     digest_size=16).hexdigest()
-        self._own_epochs.add(self.epoch)
-        self._epoch_version = None
-        self._epoch_deadline = None
-        self._epoch_ttl = self.ttl
-
-    async def _retire_epoch(self) -> None:
-        """Stop renewing the epoch and delete its record (after any write of
-        it in flight): leases of the epoch still held are then fenced at its
-        deadline, and peers wait a TTL after they see it gone."""
-        async with self._epoch_lock:
-            self._epoch_retired = True
-            if self._epoch_version is not None:
-                await self.calls.bounded(
-                    "epoch deletion",
-                    lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
-                self._epoch_version = None
+        await self.own.give_up(f"could not free shard(s) {stranded} within a TTL of closing "
+                               "them", close)
 
     async def _hand_over(self) -> None:
         """Stopping in node mode (the epoch goes away): rewrite each node-mode
@@ -1226,7 +1126,7 @@ class PlacementLoop:
         adopted = set(orphans[:ADOPT_PER_ROUND])
         if not chosen and not adopted:
             return
-        if self.mode == "node" and not self._epoch_valid():
+        if self.mode == "node" and not self.own.valid():
             return  # no epoch to tie a lease to yet, or it is failing
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
         # Each silent epoch is ended once, before any of its leases is claimed.
@@ -1258,10 +1158,6 @@ class PlacementLoop:
         finally:
             await _cancel(*ending.values())
 
-    def _epoch_valid(self) -> bool:
-        return self._epoch_version is not None and self._epoch_deadline is not None \
-            and self._epoch_deadline > self.clock.monotonic() and not self._epoch_retired
-
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
                          adopted: bool = False) -> None:
         # A corrupt record still carries the generation its raw bytes show.
@@ -1275,7 +1171,7 @@ class PlacementLoop:
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
                       incarnation=epoch if by_epoch else self.incarnation,
                       write_id=new_write_id(), renewed_at=now, since=now,
-                      ttl=self._epoch_ttl if by_epoch else self.ttl,
+                      ttl=self.own.ttl if by_epoch else self.ttl,
                       renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:
@@ -1286,7 +1182,7 @@ class PlacementLoop:
         self._max_generation[shard] = generation
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
-        deadline = self._epoch_deadline if by_epoch else self._deadline(sent, lease.ttl)
+        deadline = self.own.deadline if by_epoch else self._deadline(sent, lease.ttl)
         if self._stopping or deadline is None or (by_epoch and (
                 epoch != self.epoch or deadline <= self.clock.monotonic())):
             # Stopped (or the epoch ended, or its deadline passed: a slow

@@ -1,0 +1,176 @@
+"""This node's own epoch (node-mode renewal, docs/renewal.md rules 1, 2, 5, 7).
+
+One record per (node, epoch), written by compare-and-swap every interval: that
+write is the renewal of every node-mode lease of the epoch, whose deadline is
+the send time of the last successful write + the epoch's TTL - margin. A
+refused write means a peer ended the epoch (it saw it unchanged for a TTL): the
+shards of the epoch are fenced and a new epoch starts. What this node sees of
+*other* nodes' epochs is `epochs.EpochWatch`; which shards are held is the
+keeper's (`shards_of`). This module knows no lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+from collections.abc import Callable
+
+from shardlease.calls import Calls
+from shardlease.clock import Clock
+from shardlease.errors import Conflict, StoreError
+from shardlease.records import Epoch, new_write_id
+from shardlease.runner import Runner
+from shardlease.stores.base import LeaseStore
+from shardlease.telemetry import EpochEnded, RenewFailed, Telemetry
+
+logger = logging.getLogger("shardlease.loop")
+
+
+class OwnEpoch:
+    """This node's epoch: its id, its record's version, and the deadline its
+    last successful write gives every shard of it."""
+
+    def __init__(self, store: LeaseStore, calls: Calls, clock: Clock, telemetry: Telemetry,
+                 runner: Runner, *, cluster: str, name: str, incarnation: str, ttl: float,
+                 margin: Callable[[], float], next_ttl: Callable[[], float],
+                 shards_of: Callable[[str], list[int]],
+                 on_lost: Callable[[str], None]) -> None:
+        self.store, self.calls, self.clock = store, calls, clock
+        self.telemetry, self.runner = telemetry, runner
+        self.cluster, self.name, self.incarnation = cluster, name, incarnation
+        #: The options' margin, and the TTL a new epoch takes: both as of now.
+        self.margin, self.next_ttl = margin, next_ttl
+        #: The held node-mode shards of an epoch that are not closed (the keeper's).
+        self.shards_of = shards_of
+        #: Told when a peer ended one of our epochs (so that our watch knows it).
+        self.on_lost = on_lost
+        # -- mutable state
+        self.epoch = incarnation
+        self._count = 0
+        #: Every epoch this node has had (its strays may name any of them).
+        self.all: set[str] = {self.epoch}
+        self._seq = 0
+        self.version: str | None = None
+        #: The TTL of the current epoch: fixed for the epoch, written in its leases.
+        self.ttl = ttl
+        #: Deadline of every node-mode shard of the current epoch (monotonic).
+        self.deadline: float | None = None
+        self.retired = False
+        self._lock = asyncio.Lock()
+
+    def valid(self) -> bool:
+        """Whether a claim may be tied to the epoch now (rule 2)."""
+        return self.version is not None and self.deadline is not None \
+            and self.deadline > self.clock.monotonic() and not self.retired
+
+    async def beat(self, *, silent: bool = False) -> bool:
+        """One write of the epoch record (rule 1). `silent`: write nothing
+        while no shard depends on it (a withdrawn node: peers stop counting
+        it). False after a failure, so that the next try comes sooner."""
+        async with self._lock:
+            if self.retired:
+                return True
+            epoch = self.epoch
+            held = self.shards_of(epoch)
+            if silent and not held:
+                return True
+            self._seq += 1
+            record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch, seq=self._seq,
+                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl)
+            sent = self.clock.monotonic()
+            # Useful until the shards' deadline, like a renewal.
+            budget = self.deadline - sent if held and self.deadline is not None else None
+            version = self.version
+            try:
+                written = await self.calls.bounded(
+                    "epoch renewal", lambda: self.store.write_epoch(record, version),
+                    budget=budget)
+            except Conflict:
+                if await self._still_ours(epoch):
+                    return False  # an earlier write of ours; its version is taken
+                self._lost(epoch)
+                return False
+            except StoreError as e:
+                logger.warning("epoch renewal failed (%d shard(s) depend on it): %s",
+                               len(held), e)
+                if held:
+                    self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
+                                                    shards=tuple(sorted(held)), error=str(e)))
+                return False
+            self.version = written
+            self.deadline = sent + self.ttl - self.margin()
+            for shard in self.shards_of(epoch):
+                self.runner.extend(shard, self.deadline)
+            self.runner.flush()  # the host learns the moved deadlines, in one call
+        return True
+
+    async def _still_ours(self, epoch: str) -> bool:
+        """A write of our epoch conflicted: with an earlier write of ours whose
+        answer was lost and never recognised (the record is ours, not ended:
+        take its version, and write again next time; the deadline does not
+        move, since when that write was sent is unknown), or with a peer's
+        end (or a deletion). A record that cannot be read is not taken for an
+        end either: raised as a failure."""
+        try:
+            current = await self.calls.bounded(
+                "read of our epoch", functools.partial(self.store.get_epoch, self.cluster,
+                                                       self.name, epoch))
+        except StoreError as e:
+            logger.warning("epoch renewal conflicted and our epoch could not be read: %s", e)
+            return True  # unknown: retried, and fenced at the deadline if it stays so
+        if current is None or current.record is None or current.record.ended_by is not None:
+            return False
+        logger.info("an earlier epoch write of ours had landed; resuming from it")
+        self.version = current.version
+        return True
+
+    def _lost(self, epoch: str) -> None:
+        """Our epoch record was ended (or deleted) by a peer, which saw it
+        unchanged for a TTL: every lease of the epoch may be taken. Fence
+        them all now and go on with a new epoch (rule 5)."""
+        shards = self.shards_of(epoch)
+        logger.error("epoch %s was ended by a peer (our renewals were not seen for a TTL): "
+                     "fencing %d shard(s), starting a new epoch", epoch, len(shards))
+        self.on_lost(epoch)
+        self.runner.fence(shards)
+        self.telemetry.emit(EpochEnded(cluster=self.cluster, node=self.name, owner=self.name,
+                                       epoch=epoch, shards=tuple(sorted(shards))))
+        self._next(self.next_ttl())
+
+    async def give_up(self, why: str, close: Callable[[list[int]], None]) -> None:
+        """Stop keeping the current epoch (after any write of it in flight) so
+        that peers see it silent, end it and take its leases: `close` is
+        given its shards (closed now, fenced at the epoch's deadline at the
+        latest: the next epoch extends none of them)."""
+        async with self._lock:
+            if self.retired:
+                return
+            shards = self.shards_of(self.epoch)
+            logger.error("%s: giving up epoch %s so that peers may take its leases "
+                         "(closing %d shard(s))", why, self.epoch, len(shards))
+            close(shards)
+            self._next(self.next_ttl())
+
+    def _next(self, ttl: float) -> None:
+        # Derived, not random: unique per incarnation, and a simulation replays it.
+        self._count += 1
+        self.epoch = hashlib.blake2b(f"{self.incarnation}/{self._count}".encode(),
+                                     digest_size=16).hexdigest()
+        self.all.add(self.epoch)
+        self.version = None
+        self.deadline = None
+        self.ttl = ttl
+
+    async def retire(self) -> None:
+        """Stop renewing the epoch and delete its record (after any write of
+        it in flight): leases of the epoch still held are then fenced at its
+        deadline, and peers wait a TTL after they see it gone (rule 7)."""
+        async with self._lock:
+            self.retired = True
+            if self.version is not None:
+                await self.calls.bounded(
+                    "epoch deletion",
+                    lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
+                self.version = None
