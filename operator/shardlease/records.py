@@ -4,6 +4,15 @@ Lease and heartbeat bytes come from a shared store that anything may write, so
 they are size-bounded and validated before use. A record that fails becomes a
 `CorruptRecord` error in a `Stored` entry: the loop reports it and treats the
 shard as held until it expires, and never routes to anything read from it.
+
+Every record carries the `format` it was written in (records written before
+the field read as 1). A record whose format is newer than `FORMAT` is never
+validated against this version's models, since a newer format may change
+anything: it reads as a `Stored` entry without a record, its `newer_format`
+set, and otherwise like a corrupt one (held until it expires; the generation
+its bytes show is recovered), or as `NewerFormat` from the `decode_*`
+functions. A change of the record format is then safe by construction: bump
+`FORMAT`, and a node of an older version never acts on what it cannot read.
 """
 
 from __future__ import annotations
@@ -17,6 +26,10 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardlease.errors import CorruptRecord
+
+#: The record format this version writes and knows. A record of a higher
+#: format is not read (see the module doc); one below 1 is corrupt.
+FORMAT = 1
 
 #: Largest lease or heartbeat record accepted from a store, in bytes.
 MAX_RECORD_BYTES = 4096
@@ -41,6 +54,16 @@ def new_write_id() -> str:
     ETags are content hashes) and lets a writer whose answer was lost recognise
     its own write on re-read."""
     return uuid.uuid4().hex
+
+
+class NewerFormat(CorruptRecord):
+    """A record written in a format newer than `FORMAT`: not read, never
+    trusted, held like a corrupt record (it is one, to this version)."""
+
+    def __init__(self, kind: str, format: int) -> None:
+        super().__init__(f"{kind} record is format {format}, newer than the format {FORMAT} "
+                         "this version knows: not read (written by a newer shardlease?)")
+        self.format = format
 
 
 class Lease(BaseModel):
@@ -70,6 +93,8 @@ class Lease(BaseModel):
     #: is written only on a claim or a free (judged by the epoch's record).
     #: Records older than the field are "shard".
     renewal: Renewal = "shard"
+    #: The record format (see `FORMAT`); records older than the field are 1.
+    format: int = Field(default=FORMAT, ge=1, strict=True)
 
 
 class Epoch(BaseModel):
@@ -95,6 +120,8 @@ class Epoch(BaseModel):
     ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
     #: Who ended the epoch; None while the owner keeps it.
     ended_by: NodeName | None = Field(default=None, min_length=1, max_length=253)
+    #: The record format (see `FORMAT`); records older than the field are 1.
+    format: int = Field(default=FORMAT, ge=1, strict=True)
 
 
 class Heartbeat(BaseModel):
@@ -108,6 +135,8 @@ class Heartbeat(BaseModel):
     seq: int = Field(ge=0)
     write_id: str = Field(min_length=1, max_length=64)
     at: float = 0.0
+    #: The record format (see `FORMAT`); records older than the field are 1.
+    format: int = Field(default=FORMAT, ge=1, strict=True)
 
 
 R = TypeVar("R", bound=BaseModel)
@@ -121,12 +150,15 @@ class Stored(Generic[R]):
     and `recovered_generation` is the generation that could still be read from
     the raw record (None if nothing could), so that a claim over a corrupt
     record never hands out a generation the record already passed.
+    `newer_format` is set (with `record` None) when the record is of a format
+    newer than `FORMAT`: valid or not, this version does not read it.
     """
 
     version: str
     record: R | None
     error: str | None = None
     recovered_generation: int | None = None
+    newer_format: int | None = None
 
     @property
     def generation(self) -> int | None:
@@ -176,6 +208,8 @@ def stored_epoch(data: bytes, version: str, cluster: str, node: str,
                  epoch: str) -> Stored[Epoch]:
     try:
         return Stored(version, decode_epoch(data, cluster, node, epoch))
+    except NewerFormat as e:
+        return Stored(version, None, str(e), newer_format=e.format)
     except CorruptRecord as e:
         return Stored(version, None, str(e))
 
@@ -191,6 +225,8 @@ def stored_lease(data: bytes, version: str, cluster: str, shard: int,
         return Stored(version, None, too_big("lease", size), recover_generation(data))
     try:
         return Stored(version, decode_lease(data, cluster, shard))
+    except NewerFormat as e:
+        return Stored(version, None, str(e), recover_generation(data), e.format)
     except CorruptRecord as e:
         return Stored(version, None, str(e), recover_generation(data))
 
@@ -225,15 +261,38 @@ def recover_generation(data: bytes) -> int | None:
     return max(found) if found else None
 
 
+def newer_format(parsed: object) -> int | None:
+    """The format of a parsed record (a dict) if it is newer than `FORMAT`, else
+    None (this version's format, no format, or one that is not a format number:
+    validation decides those)."""
+    value = parsed.get("format") if isinstance(parsed, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > FORMAT:
+        return value
+    return None
+
+
 def _decode(model: type[R], data: bytes) -> R:
+    kind = model.__name__.lower()
     if len(data) > MAX_RECORD_BYTES:
-        raise CorruptRecord(too_big(model.__name__.lower(), len(data)))
+        raise CorruptRecord(too_big(kind, len(data)))
+    # Validated first (one parse for the records of this version), but a
+    # record of a newer format is refused whether it validates or not.
     try:
-        return model.model_validate_json(data)
+        record = model.model_validate_json(data)
     except ValidationError as e:
+        try:
+            newer = newer_format(json.loads(data))
+        except (ValueError, RecursionError):
+            newer = None
+        if newer is not None:
+            raise NewerFormat(kind, newer) from None
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "record"
         raise CorruptRecord(
-            f"invalid {model.__name__.lower()} record ({e.error_count()} problem(s)); "
+            f"invalid {kind} record ({e.error_count()} problem(s)); "
             f"first: {where}: {first['msg']}"
         ) from None
+    format = getattr(record, "format", FORMAT)
+    if isinstance(format, int) and format > FORMAT:
+        raise NewerFormat(kind, format)
+    return record

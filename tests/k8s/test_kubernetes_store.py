@@ -73,7 +73,8 @@ def raw_lease_object(namespace: str, cluster: str, shard: int, data: bytes) -> d
     if isinstance(record.get("generation"), int):
         spec["leaseTransitions"] = record["generation"]
     for key, ann in (("write_id", ANN_WRITE_ID), ("incarnation", ANN_INCARNATION),
-                     ("ttl", ANN_TTL), ("padding", "shardlease.io/padding")):
+                     ("ttl", ANN_TTL), ("padding", "shardlease.io/padding"),
+                     ("format", "shardlease.io/format")):
         if record.get(key) is not None:
             annotations[ann] = str(record[key])
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",

@@ -599,6 +599,29 @@ class StoreContract:
         assert entry.record is None and entry.error and "ttl" in entry.error
         assert entry.generation == 6
 
+    async def test_a_lease_of_a_newer_format_is_listed_and_read_but_never_as_a_record(
+            self, store: LeaseStore, put_raw: PutRaw) -> None:
+        # Written by a later version (records.FORMAT + 1), with a field this
+        # version does not know: valid to this version's model, yet not read.
+        record = json.loads(encode(make_lease(shard=1, owner="node-b", generation=23)))
+        record.update(format=2, quorum=3)
+        await put_raw(CLUSTER, 1, json.dumps(record).encode())
+        listed = await store.list_leases(CLUSTER)
+        got = await store.get_lease(CLUSTER, 1)
+        for entry in (listed[1], got):
+            assert entry is not None and entry.record is None and entry.newer_format == 2
+            assert entry.error and "format 2" in entry.error
+            assert entry.generation == 23 and entry.version
+        assert got is not None and got.version == listed[1].version
+        # It is replaced only by a swap on its version, as a corrupt record is.
+        with pytest.raises(Conflict):
+            await store.create_lease(make_lease(shard=1))
+        claim = make_lease(shard=1, owner="node-a", generation=24)
+        version = await store.update_lease(claim, got.version)
+        again = await store.get_lease(CLUSTER, 1)
+        assert again is not None and again.version == version and valid(again) == claim
+        assert again.newer_format is None
+
     # -- leases deleted out of band ---------------------------------------------------------
 
     async def test_a_lease_deleted_after_it_was_seen_held_is_reported_not_missing(

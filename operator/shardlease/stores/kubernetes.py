@@ -13,6 +13,8 @@ and both are labelled with the cluster (and the shard), so
     spec.renewTime             last renewal (wall clock, informational)
     spec.leaseDurationSeconds  lease_ttl, rounded up
     annotations                incarnation and write id (see records.Lease)
+    shardlease.io/format       the record format, only when it is not 1
+                               (above records.FORMAT: not read, see records)
 
 Every write is a replace carrying the resourceVersion last read, so the API
 server refuses a stale one with 409 (the race is lost).
@@ -116,6 +118,7 @@ from pydantic import ValidationError
 
 from shardlease.errors import ConfigError, Conflict, StoreError
 from shardlease.records import (
+    FORMAT,
     MAX_RECORD_BYTES,
     Epoch,
     Heartbeat,
@@ -142,6 +145,9 @@ ANN_NODE = f"{GROUP}/node"
 #: "node" on a lease kept by its owner's epoch (absent: "shard").
 ANN_RENEWAL = f"{GROUP}/renewal"
 ANN_EPOCH = f"{GROUP}/epoch"
+#: A lease record's `format`, written only when it is not 1 (so a Lease object
+#: of format 1 is what versions before the field wrote); absent: 1.
+ANN_FORMAT = f"{GROUP}/format"
 #: An epoch record, whole (its JSON), on the epoch's Lease object.
 ANN_RECORD = f"{GROUP}/record"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
@@ -257,6 +263,8 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
         annotations[ANN_INCARNATION] = lease.incarnation
     if lease.renewal != "shard":
         annotations[ANN_RENEWAL] = lease.renewal
+    if lease.format != 1:
+        annotations[ANN_FORMAT] = str(lease.format)
     meta: dict[str, Any] = {
         "name": name or lease_name(lease.cluster, lease.shard),
         "namespace": namespace,
@@ -284,13 +292,27 @@ def _recovered_generation(obj: dict[str, Any]) -> int | None:
     return None
 
 
+def _format(ann: dict[str, Any]) -> int:
+    """The record format an object's annotations give (absent: 1); an
+    annotation that is not a decimal number is a ValueError."""
+    value = ann.get(ANN_FORMAT)
+    if value is None:
+        return 1
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() \
+            or len(value) > 19 or str(int(value)) != value:
+        raise ValueError(f"its format annotation {ANN_FORMAT} is {value!r}, not a format number")
+    return int(value)
+
+
 def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
                     version_prefix: str = "") -> Stored[Lease]:
     """Validate a Lease object stored as `cluster`'s shard `shard`; never raises.
 
     The object's name is where it is stored; its labels, spec and annotations
     are its content, checked like any record read from a shared store. A
-    corrupt one still gives its `leaseTransitions` as the recovered generation.
+    corrupt one still gives its `leaseTransitions` as the recovered generation,
+    and so does one whose format annotation is above `FORMAT`, which is not
+    read at all (`newer_format`).
     """
     meta = obj.get("metadata") or {}
     version = version_prefix + str(meta.get("resourceVersion", ""))
@@ -302,6 +324,11 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
         labels = meta.get("labels") or {}
         ann = meta.get("annotations") or {}
         spec = obj.get("spec") or {}
+        if (format := _format(ann)) > FORMAT:
+            return Stored(version, None,
+                          f"lease object {name!r} is format {format}, newer than the format "
+                          f"{FORMAT} this version knows: not read (written by a newer "
+                          "shardlease?)", _recovered_generation(obj), format)
         if labels.get(LABEL_CLUSTER) != cluster:
             raise ValueError(f"its cluster label is {labels.get(LABEL_CLUSTER)!r}, "
                              f"not {cluster!r}")
@@ -320,6 +347,7 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
             "since": _informational_float(ann.get(ANN_SINCE)),
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
             "renewal": ann.get(ANN_RENEWAL) or "shard",
+            "format": format,
         })
         return Stored(version, lease)
     except ValidationError as e:
@@ -959,6 +987,7 @@ class KubernetesStore(LeaseStore):
             spec.setdefault(field, None)
         body["metadata"]["annotations"].setdefault(ANN_INCARNATION, None)
         body["metadata"]["annotations"].setdefault(ANN_RENEWAL, None)
+        body["metadata"]["annotations"].setdefault(ANN_FORMAT, None)
         status, payload = await self._request("PATCH", self._path(name), body=body, kind="put")
         if status in (409, 404):
             raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
