@@ -71,15 +71,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
 import hashlib
 import logging
 import math
 import random
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardlease.calls import Calls
@@ -87,6 +85,7 @@ from shardlease.clock import Clock, LoopClock
 from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.hosts.base import Host
+from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.records import Heartbeat, Lease, Stored, new_write_id
@@ -95,17 +94,12 @@ from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
     CorruptLease,
-    Lost,
-    Release,
-    RenewFailed,
     Round,
     Telemetry,
 )
 
 logger = logging.getLogger("shardlease.loop")
 
-#: Store writes in flight at once for renewals and claims.
-WRITE_CONCURRENCY = 32
 #: Cooldown of a shard this node failed to open, before it claims it again:
 #: doubling from COOLDOWN_FIRST * lease_ttl up to COOLDOWN_MAX * lease_ttl,
 #: times a jitter in [1, 1.5). The first is longer than a TTL and an interval,
@@ -118,54 +112,6 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node at its share claims per round.
 ADOPT_PER_ROUND = 1
-#: A compare-and-swap against this version never succeeds: a withdrawn
-#: node's probe of whether lease writes work again (`_probe_lease_writes`),
-#: a Conflict being the answer that they do. Every store must refuse it as a
-#: Conflict (the store contract checks): it is the largest resourceVersion
-#: Kubernetes parses (etcd's revision never gets there; "0" would mean an
-#: unconditional update there, and a non-number is an error), an ETag S3
-#: never makes, and no version of the memory or file stores.
-NO_SUCH_VERSION = "18446744073709551615"
-
-
-class Phase(enum.Enum):
-    """Where a lease this node holds stands. One state per shard, moved by the
-    round (release), the runner (closed) and the renewals (freed)."""
-
-    HELD = "held"  # ours: the runner opens or runs the shard; renewed
-    RELEASING = "releasing"  # the runner is closing it to give it up; still renewed
-    CLOSED = "closed"  # the runner closed it: free the lease, no more renewals
-
-
-@dataclass
-class _Held:
-    lease: Lease
-    version: str
-    phase: Phase = Phase.HELD
-    #: Why the runner closed it (Phase.CLOSED): a fenced lease is not freed at any cost.
-    reason: Reason | None = None
-    #: Claimed above the share (free for longer than a TTL): released last.
-    adopted: bool = False
-    #: The "no owner" record being written, kept so that a retry carries the
-    #: same write id and recognises an earlier attempt that landed.
-    freeing: Lease | None = None
-    #: When `version` last changed (monotonic): a listing started before
-    #: that may show an older version, which is no sign of another writer.
-    changed_at: float = 0.0
-    #: When the runner closed it (monotonic): a node-mode lease its epoch
-    #: keeps must be freed within a TTL of that, or the epoch is given up.
-    closed_at: float | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def closed(self, reason: Reason) -> None:
-        self.phase, self.reason = Phase.CLOSED, reason
-
-    @property
-    def by_epoch(self) -> bool:
-        """Kept by its epoch (node mode), not by rewriting the record."""
-        return self.lease.renewal == "node"
-
-
 @dataclass
 class _Cooldown:
     failures: int
@@ -228,7 +174,6 @@ class PlacementLoop:
             extend_timeout=options.interval_s,
             on_closed=self._on_closed,
         )
-        self.held: dict[int, _Held] = {}
         self.ready = asyncio.Event()  # set once a round read the leases
         self.rounds = 0
         self._seen: dict[int, Seen] = {}
@@ -236,10 +181,6 @@ class PlacementLoop:
         self._cooldown: dict[int, _Cooldown] = {}
         self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
-        #: Since when every lease write has failed (None: the last one worked),
-        #: and since when this node has withdrawn because of it (`_withdrawn`).
-        self._lease_writes_failing: float | None = None
-        self._withdrawn_at: float | None = None
         #: The nodes live by their heartbeats, and by their epochs, in the
         #: last listing of each that succeeded (a failed one keeps them).
         self._beat_live: set[str] = set()
@@ -266,7 +207,6 @@ class PlacementLoop:
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
-        self._strays = True  # leases of ours not held may remain (unknown until a read)
         self._stopping = False
         self._wake = asyncio.Event()
         #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
@@ -282,12 +222,18 @@ class PlacementLoop:
         self.epoch_watch = EpochWatch(self.store, self.calls, self.clock, self.telemetry,
                                       cluster=self.cluster, name=self.name,
                                       ttl=lambda: self.ttl, own=lambda: self.epoch)
-        #: This node's own epoch (node mode).
+        #: This node's own epoch (node mode), and the leases it holds.
         self.own = OwnEpoch(self.store, self.calls, self.clock, self.telemetry, self.runner,
                             cluster=self.cluster, name=self.name, incarnation=self.incarnation,
                             ttl=options.lease_ttl, margin=lambda: self.options.margin_s,
-                            next_ttl=lambda: self.ttl, shards_of=self._epoch_shards,
+                            next_ttl=lambda: self.ttl,
+                            shards_of=lambda epoch: self.keeper.shards_of(epoch),
                             on_lost=lambda epoch: self.epoch_watch.ended.add((self.name, epoch)))
+        self.keeper = Keeper(self.store, self.calls, self.clock, self.telemetry, self.runner,
+                             self.own, cluster=self.cluster, name=self.name,
+                             options=lambda: self.options, stopping=lambda: self._stopping,
+                             earlier_pace=lambda: self._earlier_pace,
+                             released=self._forget_owner)
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -345,7 +291,7 @@ class PlacementLoop:
         version from when they first saw it, and wait max(their own TTL, the
         record's TTL) (`_claimable`). So this node's deadline for a shard is
         always computed from the TTL the write that moved it carried
-        (`_deadline(sent, lease.ttl)`), never from the options of the moment:
+        (`Keeper.deadline(sent, lease.ttl)`), never from the options of the moment:
 
         - raising the TTL: records keep the old, shorter TTL until a renewal
           writes the new one, and only that renewal's answer moves the
@@ -358,7 +304,7 @@ class PlacementLoop:
           it is sent, and observers then count its TTL from (at the earliest)
           the sending; the shard's deadline, and the validity its host was
           told (never past the deadline), must stay covered by that. So the
-          TTL comes down gradually (`_written_ttl`): a renewal sent at `sent`
+          TTL comes down gradually (`Keeper.written_ttl`): a renewal sent at `sent`
           writes at least `deadline - sent + margin`, never less than the
           deadline it keeps needs; each renewal goes down by about an interval
           until the new TTL is reached. No deadline ever moves backwards.
@@ -413,10 +359,9 @@ class PlacementLoop:
     def _release_beyond(self) -> None:
         """Release the held shards at or above the shard count (it shrank, or
         a claim in flight when it did landed since)."""
-        for shard, held in self.held.items():
-            if shard >= self.options.shards and held.phase is Phase.HELD:
-                held.phase = Phase.RELEASING
-                self.runner.stop(shard, Reason.SHUTDOWN if self._stopping else Reason.RELEASE)
+        for shard in self.keeper.active():
+            if shard >= self.options.shards:
+                self.keeper.release(shard)
 
     async def _pause(self, due: Callable[[], float]) -> None:
         """Sleep until the monotonic time `due()`, computed again whenever
@@ -438,6 +383,11 @@ class PlacementLoop:
         """What a lease claimed now names as its owner's incarnation: this
         process's, or in node mode its current epoch."""
         return self.epoch if self.mode == "node" else self.incarnation
+
+    @property
+    def held(self) -> dict[int, Held]:
+        """The leases this node holds (the keeper's)."""
+        return self.keeper.held
 
     @property
     def epoch(self) -> str:
@@ -518,12 +468,12 @@ class PlacementLoop:
             self._stop_started = self.clock.monotonic()
             # Node mode frees strays every round, so this may be False; what
             # a stop leaves (a fenced shard whose free fails) is looked for again.
-            self._strays = True
+            self.keeper.strays = True
             logger.info("stopping: releasing %d shard(s)", len(self.held))
             if self.mode == "node":
                 # Peers stop counting this node once its epoch is gone; the
                 # leases it still holds must then be kept by their own records.
-                await self._hand_over()
+                await self.keeper.hand_over()
                 try:
                     await self.own.retire()
                 except StoreError as e:
@@ -543,7 +493,7 @@ class PlacementLoop:
         after a failure), until the epoch is retired by a graceful stop."""
         while not self.own.retired:
             started = self.clock.monotonic()
-            ok = await self.own.beat(silent=self._withdrawn())
+            ok = await self.own.beat(silent=self.keeper.withdrawn())
 
             def due(ok: bool = ok, started: float = started) -> float:
                 pace = self._epoch_pace()
@@ -560,74 +510,6 @@ class PlacementLoop:
         if self.own.ttl != self.ttl:
             pace = min(pace, self._earlier_pace)
         return pace
-
-    def _epoch_shards(self, epoch: str) -> list[int]:
-        return [s for s, h in self.held.items()
-                if h.by_epoch and h.lease.incarnation == epoch and h.phase is not Phase.CLOSED]
-
-    def _stranded(self) -> list[int]:
-        """Closed shards of the current epoch whose lease could not be freed
-        within a TTL of their close: nobody can take them while the epoch
-        lives (its record keeps them), so they are open nowhere."""
-        now = self.clock.monotonic()
-        return [s for s, h in self.held.items()
-                if h.phase is Phase.CLOSED and h.by_epoch and h.lease.incarnation == self.epoch
-                and h.closed_at is not None and now - h.closed_at > self.ttl]
-
-    async def _give_up_epoch(self) -> None:
-        """Some closed shard's lease could not be freed for a TTL (lease writes
-        fail while epoch writes work): stop keeping the epoch, so that peers
-        see it silent, end it and take its leases, stranded ones included."""
-        stranded = self._stranded()
-        if not stranded:
-            return
-
-        def close(shards: list[int]) -> None:
-            for shard in shards:
-                self.held[shard].phase = Phase.RELEASING
-                self.runner.stop(shard, Reason.RELEASE)
-
-        await self.own.give_up(f"could not free shard(s) {stranded} within a TTL of closing "
-                               "them", close)
-
-    async def _hand_over(self) -> None:
-        """Stopping in node mode (the epoch goes away): rewrite each node-mode
-        lease as a shard-mode one, so that it is kept by its own record
-        (renewed by the renewals) while its shard closes."""
-
-        async def one(shard: int, held: _Held) -> None:
-            async with held.lock:
-                if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
-                        or not held.by_epoch or held.lease.incarnation != self.epoch:
-                    return
-                sent = self.clock.monotonic()
-                deadline = self.runner.deadline(shard)
-                lease = held.lease.model_copy(update={
-                    "renewal": "shard", "write_id": new_write_id(),
-                    "renewed_at": self.clock.wall(),
-                    "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
-                try:
-                    version = await self.calls.bounded(
-                        f"hand-over of shard {shard}", lambda: self._write_held(held, lease),
-                        budget=None if deadline is None else deadline - sent)
-                except Conflict:
-                    self._lost(shard)
-                    return
-                except StoreError as e:
-                    logger.warning("shard %d stays on the epoch, fenced at its deadline: %s",
-                                   shard, e)
-                    return
-                held.lease, held.version = lease, version
-                held.changed_at = self.clock.monotonic()
-                self.runner.extend(shard, self._deadline(sent, lease.ttl))
-
-        limit = asyncio.Semaphore(WRITE_CONCURRENCY)
-
-        async def limited(shard: int, held: _Held) -> None:
-            async with limit:
-                await one(shard, held)
-
-        await asyncio.gather(*(limited(s, h) for s, h in list(self.held.items())))
 
     def _epochs_wanted(self) -> bool:
         """Node mode reads the epochs every round; shard mode only while
@@ -667,7 +549,7 @@ class PlacementLoop:
     async def _heartbeat(self) -> None:
         if self.mode == "node":
             return  # its epoch is its heartbeat
-        if self._withdrawn():
+        if self.keeper.withdrawn():
             if not self._hb_deleted:
                 try:
                     await self._delete_heartbeat()
@@ -702,174 +584,16 @@ class PlacementLoop:
         half an interval after a failure, a quarter while stopping."""
         while True:
             started = self.clock.monotonic()
-            ok = await self._renew_all()
+            ok = await self.keeper.renew_all()
 
             def due(ok: bool = ok, started: float = started) -> float:
-                pace = self._renew_pace()
+                pace = self.keeper.renew_pace()
                 delay = pace if ok else pace / 2
                 if self._stopping:
                     delay = min(delay, pace / 4)
                 return started + delay
 
             await self._pause(due)
-
-    def _renew_pace(self) -> float:
-        """The interval between renewals: the options', unless a held lease's
-        record still carries a TTL from before `reconfigure()`. Its deadline
-        came from that TTL and the margin of then, made to be met at the pace
-        of then; so until a renewal wrote the new TTL, renew at the faster of
-        the two (say 15 s -> 45 s with the interval 5 s -> 15 s: the record
-        written at t with TTL 15 fences at t + 12.5, before t + 15)."""
-        pace = self.options.interval_s
-        if any(h.lease.ttl != self.ttl for h in self.held.values() if h.phase is not Phase.CLOSED):
-            pace = min(pace, self._earlier_pace)
-        return pace
-
-    async def _renew_all(self) -> bool:
-        """Renew (or, once closed, free) every held lease. False if any failed
-        for a reason other than losing it, so the next try comes sooner."""
-        failed: list[int] = []
-        errors: list[str] = []
-        limit = asyncio.Semaphore(WRITE_CONCURRENCY)
-
-        async def one(shard: int, held: _Held) -> None:
-            async with limit:
-                try:
-                    if held.phase is Phase.CLOSED:
-                        await self._free(shard, held)
-                    else:
-                        await self._renew(shard, held)
-                except StoreError as e:
-                    failed.append(shard)
-                    errors.append(str(e))
-
-        # Node-mode leases are renewed by the epoch; only their frees are here.
-        await asyncio.gather(*(one(s, h) for s, h in list(self.held.items())
-                               if not h.by_epoch or h.phase is Phase.CLOSED))
-        self.runner.flush()  # the host learns the moved deadlines, in one call
-        if self.mode == "node" and not self._stopping and self._stranded():
-            await self._give_up_epoch()
-        if failed:
-            logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
-            self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
-                                            shards=tuple(sorted(failed)), error=errors[0]))
-        return not failed
-
-    async def _renew(self, shard: int, held: _Held) -> None:
-        async with held.lock:
-            if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
-                return
-            # Any attempt may be the one that lands (a lost answer): the
-            # deadline counts from the first, the earliest an observer can
-            # have seen this renewal.
-            sent = self.clock.monotonic()
-            # Useful until the deadline: a slow store may still save the shard.
-            deadline = self.runner.deadline(shard)
-            lease = held.lease.model_copy(update={
-                "write_id": new_write_id(), "renewed_at": self.clock.wall(),
-                "ttl": self._written_ttl(held.lease.ttl, deadline, sent)})
-            try:
-                version = await self.calls.bounded(
-                    f"renewal of shard {shard}", lambda: self._write_held(held, lease),
-                    budget=None if deadline is None else deadline - sent)
-            except Conflict:
-                self._lost(shard)
-                return
-            held.lease, held.version = lease, version
-            held.changed_at = self.clock.monotonic()
-            self.runner.extend(shard, self._deadline(sent, lease.ttl))
-
-    async def _write_lease(self, lease: Lease, version: str | None) -> str:
-        """Every lease write of this node, so that it knows whether it can
-        write leases at all (a conflict is an answer: the store works)."""
-        try:
-            written = await self.store.write_lease(lease, version)
-        except Conflict:
-            self._lease_writes_failing = None
-            raise
-        except StoreError:
-            if self._lease_writes_failing is None:
-                self._lease_writes_failing = self.clock.monotonic()
-            raise
-        self._lease_writes_failing = None
-        return written
-
-    def _withdrawn(self) -> bool:
-        """A node whose lease writes have failed for a TTL and that keeps no
-        shard open is no use to its peers, and would only take a share it
-        cannot claim (the shards of that share then open nowhere): it stops
-        counting itself and stops beating (its heartbeat, or in node mode its
-        epoch) until a probe shows lease writes work again."""
-        since = self._lease_writes_failing
-        if since is None or self._stopping or self.clock.monotonic() - since <= self.ttl \
-                or any(h.phase is not Phase.CLOSED for h in self.held.values()):
-            if self._withdrawn_at is not None:
-                self._withdrawn_at = None
-                logger.info("lease writes work again: counting this node as a peer")
-            return False
-        if self._withdrawn_at is None:
-            self._withdrawn_at = self.clock.monotonic()
-            logger.error("lease writes have failed for over a TTL: not counting this node "
-                         "as a peer until they work again")
-        return True
-
-    async def _probe_lease_writes(self) -> None:
-        """A lease write that cannot land (a compare-and-swap against a version
-        no store makes): a Conflict says the store takes lease writes again."""
-        now = self.clock.wall()
-        probe = Lease(cluster=self.cluster, shard=0, owner=None, generation=0,
-                      write_id=new_write_id(), renewed_at=now, since=now, ttl=self.ttl)
-        with contextlib.suppress(Conflict, StoreError):
-            await self.calls.bounded("probe of lease writes",
-                                     functools.partial(self._write_lease, probe, NO_SUCH_VERSION))
-
-    async def _write_held(self, held: _Held, lease: Lease) -> str:
-        """Compare-and-swap a lease this node holds. A conflict may be this
-        node's own earlier write whose answer was lost and could not be
-        recognised then (the read-back failed too): if the record still names
-        this process (any of its epochs), with our generation, nobody else
-        wrote it, so take
-        its version and write once more. Raises `Conflict` when another node
-        wrote the record, `StoreError` when that cannot be told yet."""
-        try:
-            return await self._write_lease(lease, held.version)
-        except Conflict:
-            current = await self.store.get_lease(self.cluster, lease.shard)
-            rec = current.record if current is not None else None
-            # (Any incarnation of this process: a write that turned the lease
-            # into a node-mode one, or back, names another.)
-            if current is None or rec is None or rec.owner != self.name \
-                    or rec.incarnation not in self.own_epochs \
-                    or rec.generation != held.lease.generation \
-                    or current.version == held.version:
-                raise
-            logger.info("shard %d: an earlier write of ours had landed; resuming from it",
-                        lease.shard)
-            held.version = current.version
-            held.changed_at = self.clock.monotonic()
-        return await self._write_lease(lease, held.version)
-
-    def _written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
-        """The TTL a renewal sent at `sent` writes over a record carrying
-        `current`, for a shard whose deadline is `deadline`: the options' TTL,
-        unless that is shorter than the record's (`reconfigure()` lowered it)
-        and would no longer cover the deadline once the write landed -- then
-        what still covers it (observers may count the new record's TTL from
-        `sent`; the deadline must stay a margin before that)."""
-        if self.ttl >= current or deadline is None:
-            return self.ttl
-        return min(current, max(self.ttl, deadline - sent + self.options.margin_s))
-
-    def _deadline(self, sent: float, ttl: float) -> float:
-        """The deadline a write sent at `sent` gives: `ttl` is the one it wrote
-        into the record (observers honour that one), not the options' now."""
-        return sent + ttl - self.options.margin_s
-
-    def _lost(self, shard: int) -> None:
-        logger.warning("lost the lease of shard %d: another node holds it", shard)
-        self.held.pop(shard, None)
-        self.runner.stop(shard, Reason.LOST)
-        self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
 
     # -- one round of placement ---------------------------------------------------------
 
@@ -891,29 +615,29 @@ class PlacementLoop:
         # A listing that failed keeps what it showed last: a failed read must
         # never make this node think itself alone (and claim every shard).
         live = live | self._epoch_live
-        withdrawn = self._withdrawn()
+        withdrawn = self.keeper.withdrawn()
         if self._stopping or withdrawn:
             live.discard(self.name)
         else:
             live.add(self.name)
         self._live = live
         if leases is not None:
-            await self._check_held(leases, started)
+            await self.keeper.check_held(leases, started)
         share = 0 if self._stopping or withdrawn else math.ceil(
             self.options.shards / max(1, len(live)))
         if withdrawn:
-            await self._probe_lease_writes()
+            await self.keeper.probe()
         self._release_beyond()
         self._release_excess(share)
         if leases is not None and self._stopping:
-            await self._free_strays(leases)
+            await self.keeper.free_strays(leases)
         elif leases is not None and not first and self.runner.running:
             await self._claim(leases, share)
             if self.mode == "node":
                 # A lease of ours that we do not hold (a claim whose answer was
                 # lost and could not be recognised): under our live epoch
                 # nobody else may take it, so it is freed here.
-                await self._free_strays(leases)
+                await self.keeper.free_strays(leases)
         if leases is not None and epochs is not None:
             await self.epoch_watch.collect(self._named)
         self.rounds += 1
@@ -1022,40 +746,9 @@ class PlacementLoop:
         self.ready.set()
         return leases
 
-    async def _check_held(self, leases: dict[int, Stored[Lease]], listed: float) -> None:
-        """A node-mode lease is written only by its owner (claims, frees), so
-        its record changes under it only by another writer: corrupted,
-        replaced or deleted. Shard mode learns that from its next renewal's
-        compare-and-swap; node mode would keep the shard for ever while
-        nobody else may claim what the record says. A listing that shows
-        another version (and started after our last write of it) is checked
-        by a read; if the record is no longer ours, the shard is given up."""
-        for shard, held in list(self.held.items()):
-            stored = leases.get(shard)
-            if not held.by_epoch or held.changed_at >= listed or held.lock.locked() \
-                    or (stored is not None and stored.version == held.version):
-                continue
-            try:
-                current = await self.calls.bounded(
-                    f"read of shard {shard}",
-                    functools.partial(self.store.get_lease, self.cluster, shard))
-            except StoreError as e:
-                logger.info("shard %d: could not read its lease again: %s", shard, e)
-                continue
-            if self.held.get(shard) is not held or held.changed_at >= listed \
-                    or held.lock.locked():
-                continue  # written by us meanwhile
-            rec = current.record if current is not None else None
-            if current is not None and (current.version == held.version or (
-                    rec is not None and rec.owner == self.name
-                    and rec.incarnation in self.own_epochs
-                    and rec.generation == held.lease.generation)):
-                continue  # ours (a write whose answer was lost names us too)
-            what = ("deleted" if current is None else "corrupt" if rec is None
-                    else f"now says owner {rec.owner!r}, generation {rec.generation}")
-            logger.error("shard %d: its lease record was changed by another writer (%s): "
-                         "giving the shard up", shard, what)
-            self._lost(shard)
+    def _forget_owner(self, shard: int) -> None:
+        """This node freed the shard's lease: it shows no owner until a read says."""
+        self._owners.pop(shard, None)
 
     def _owner_of(self, shard: int, rec: Lease) -> Owner:
         """The Owner row of a record, shared while the record is unchanged."""
@@ -1175,25 +868,26 @@ class PlacementLoop:
                       renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:
-            version = await self._write_lease(lease, stored.version if stored else None)
+            version = await self.keeper.write(lease, stored.version if stored else None)
         except Conflict:
             logger.debug("shard %d: lost the race to claim it", shard)
             return
         self._max_generation[shard] = generation
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
-        deadline = self.own.deadline if by_epoch else self._deadline(sent, lease.ttl)
+        deadline = self.own.deadline if by_epoch else self.keeper.deadline(sent, lease.ttl)
         if self._stopping or deadline is None or (by_epoch and (
                 epoch != self.epoch or deadline <= self.clock.monotonic())):
             # Stopped (or the epoch ended, or its deadline passed: a slow
             # write) while the claim was in flight: never opened; the
             # renewals free it.
-            held = _Held(lease, version, changed_at=self.clock.monotonic())
-            held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED)
+            held = Held(lease, version, changed_at=self.clock.monotonic())
+            held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED,
+                        self.clock.monotonic())
             self.held[shard] = held
             return
-        self.held[shard] = _Held(lease, version, adopted=adopted,
-                                  changed_at=self.clock.monotonic())
+        self.held[shard] = Held(lease, version, adopted=adopted,
+                                changed_at=self.clock.monotonic())
         self._owners[shard] = Owner(shard, self.name, generation, lease.since)
         try:
             self.runner.start(shard, generation, deadline)
@@ -1208,14 +902,14 @@ class PlacementLoop:
 
     def _on_closed(self, shard: int, reason: Reason) -> None:
         self._cool(shard, reason)
-        held = self.held.get(shard)
-        if held is None:
+        task = self.keeper.on_closed(shard, reason)
+        if task is None:
             return  # lost: nothing to free
-        held.closed(reason)
-        held.closed_at = self.clock.monotonic()
-        task = asyncio.create_task(self._free_soon(shard, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Freeing does not start a round early (a refusing host would spin),
+        # except while stopping, which ends once everything is freed.
+        task.add_done_callback(lambda _: self._wake.set() if self._stopping else None)
 
     def _cool(self, shard: int, reason: Reason) -> None:
         """After a failed open, this node leaves the shard alone for a while
@@ -1231,86 +925,12 @@ class PlacementLoop:
         logger.info("shard %d failed to open here (%d time(s)); not claimed again for %.3gs",
                     shard, failures, pause)
 
-    async def _free_soon(self, shard: int, held: _Held) -> None:
-        try:
-            await self._free(shard, held)
-        except StoreError as e:
-            logger.warning("could not free shard %d yet (retried with the renewals): %s",
-                           shard, e)
-        # Freeing does not start a round early (a refusing host would spin),
-        # except while stopping, which ends once everything is freed.
-        if self._stopping:
-            self._wake.set()
-
-    async def _free(self, shard: int, held: _Held) -> None:
-        """Write "no owner" (keeping the generation) on a closed shard's lease."""
-        async with held.lock:
-            if self.held.get(shard) is not held:
-                return
-            if held.freeing is None:
-                held.freeing = held.lease.model_copy(update={
-                    "owner": None, "incarnation": None, "write_id": new_write_id(),
-                    "renewed_at": self.clock.wall(), "since": self.clock.wall()})
-            lease = held.freeing
-            try:
-                await self.calls.bounded(f"free of shard {shard}",
-                                    lambda: self._write_held(held, lease), budget=self.ttl)
-            except Conflict:
-                self.held.pop(shard, None)
-                self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
-                return
-            except StoreError:
-                if held.reason is Reason.FENCED:
-                    # Fenced: the lease is not ours to keep; it will expire,
-                    # or be freed as a stray once the store answers.
-                    self.held.pop(shard, None)
-                    self._strays = True
-                    return
-                raise
-            self.held.pop(shard, None)
-            self._owners.pop(shard, None)
-            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
-
     def _strays_pending(self) -> bool:
         """Stopping: keep trying to free stray leases for up to a TTL after
         stop() (by then they have expired anyway)."""
-        if not self._strays or self._stop_started is None:
+        if not self.keeper.strays or self._stop_started is None:
             return False
         return self.clock.monotonic() - self._stop_started < self.ttl
-
-    async def _free_strays(self, leases: dict[int, Stored[Lease]]) -> None:
-        """Stopping: free the leases that still name this incarnation but that
-        the loop no longer holds (a fenced shard whose free failed, a claim
-        whose answer was lost), so that peers need not wait for them to
-        expire. Nobody else writes this incarnation's records, and the shard
-        is not in the runner, so a compare-and-swap on the version just read
-        frees it safely."""
-        failed = False
-        for shard, stored in leases.items():
-            rec = stored.record
-            if rec is None or rec.owner != self.name \
-                    or rec.incarnation not in self.own_epochs \
-                    or shard in self.held or self.runner.state(shard) is not None:
-                continue
-            lease = rec.model_copy(update={"owner": None, "incarnation": None,
-                                           "write_id": new_write_id(),
-                                           "renewed_at": self.clock.wall(),
-                                           "since": self.clock.wall()})
-            try:
-                await self.calls.bounded(f"free of stray shard {shard}",
-                                    functools.partial(self._write_lease, lease,
-                                                      stored.version))
-            except Conflict:
-                # Changed since the read: freed by this node's own release in
-                # the meantime, or taken by a peer. Either way no longer ours.
-                continue
-            except StoreError as e:
-                logger.info("could not free the stray lease of shard %d: %s", shard, e)
-                failed = True
-                continue
-            self._owners.pop(shard, None)
-            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
-        self._strays = failed
 
     async def _drain_tasks(self) -> None:
         if self._tasks:
@@ -1325,9 +945,9 @@ class PlacementLoop:
         await self._drain_tasks()
         for shard, held in list(self.held.items()):
             if held.phase is not Phase.CLOSED:
-                held.closed(Reason.SHUTDOWN)
+                held.closed(Reason.SHUTDOWN, self.clock.monotonic())
             with contextlib.suppress(StoreError, TimeoutError):
-                await asyncio.wait_for(self._free(shard, held), self.options.interval_s)
+                await asyncio.wait_for(self.keeper.free(shard, held), self.options.interval_s)
         with contextlib.suppress(StoreError, TimeoutError):
             await asyncio.wait_for(self.store.delete_heartbeat(self.cluster, self.name),
                                    self.options.interval_s)

@@ -363,9 +363,9 @@ class StoreContract:
 
     async def test_a_swap_against_the_loops_probe_version_is_a_conflict_and_writes_nothing(
             self, store: LeaseStore) -> None:
-        # A withdrawn node probes lease writes with this (loop.NO_SUCH_VERSION):
+        # A withdrawn node probes lease writes with this (keeper.NO_SUCH_VERSION):
         # the store must answer Conflict, over a record and over none.
-        from shardlease.loop import NO_SUCH_VERSION
+        from shardlease.keeper import NO_SUCH_VERSION
 
         lease = make_lease(shard=0)
         version = await store.create_lease(lease)

@@ -1,0 +1,475 @@
+"""The keeping of the leases this node holds: renew, hand over, free, lose.
+
+Every write of a held lease goes through one step (`_write_step`): a
+compare-and-swap on the version this node last wrote, within a budget up to
+the shard's deadline; a conflict that is not this node's own earlier write
+(a lost answer, recognised by the record still naming us with our generation)
+means another node took it: the shard is lost at once. A renewal's deadline is
+the time its first attempt was sent + the TTL it wrote - margin
+(docs/renewal.md, "Changing the TTL"). Node-mode leases are renewed by the
+node's epoch (`own_epoch.py`), not here; here are only their hand-overs and
+frees.
+
+Also here, because they are about this node's own leases: a lease whose record
+changed under its node-mode owner (`check_held`), strays (leases naming this
+process that it does not hold), and whether the node can write leases at all
+(`withdrawn`). The keeper knows no placement and no listing but the one it is
+given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from shardlease.calls import Calls
+from shardlease.clock import Clock
+from shardlease.errors import Conflict, StoreError
+from shardlease.options import Options
+from shardlease.own_epoch import OwnEpoch
+from shardlease.records import Lease, Stored, new_write_id
+from shardlease.runner import Reason, Runner
+from shardlease.stores.base import LeaseStore
+from shardlease.telemetry import Lost, Release, RenewFailed, Telemetry
+
+logger = logging.getLogger("shardlease.loop")
+
+#: Store writes in flight at once for renewals, hand-overs and claims.
+WRITE_CONCURRENCY = 32
+#: A compare-and-swap against this version never succeeds: a withdrawn
+#: node's probe of whether lease writes work again (`Keeper.probe`), a
+#: Conflict being the answer that they do. Every store must refuse it as a
+#: Conflict (the store contract checks): it is the largest resourceVersion
+#: Kubernetes parses (etcd's revision never gets there; "0" would mean an
+#: unconditional update there, and a non-number is an error), an ETag S3
+#: never makes, and no version of the memory or file stores.
+NO_SUCH_VERSION = "18446744073709551615"
+
+
+class Phase(enum.Enum):
+    """Where a lease this node holds stands. One state per shard, moved by the
+    round (release), the runner (closed) and the renewals (freed)."""
+
+    HELD = "held"  # ours: the runner opens or runs the shard; renewed
+    RELEASING = "releasing"  # the runner is closing it to give it up; still renewed
+    CLOSED = "closed"  # the runner closed it: free the lease, no more renewals
+
+
+@dataclass
+class Held:
+    lease: Lease
+    version: str
+    phase: Phase = Phase.HELD
+    #: Why the runner closed it (Phase.CLOSED): a fenced lease is not freed at any cost.
+    reason: Reason | None = None
+    #: Claimed above the share (free for longer than a TTL): released last.
+    adopted: bool = False
+    #: The "no owner" record being written, kept so that a retry carries the
+    #: same write id and recognises an earlier attempt that landed.
+    freeing: Lease | None = None
+    #: When `version` last changed (monotonic): a listing started before
+    #: that may show an older version, which is no sign of another writer.
+    changed_at: float = 0.0
+    #: When the runner closed it (monotonic): a node-mode lease its epoch
+    #: keeps must be freed within a TTL of that, or the epoch is given up.
+    closed_at: float | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def wrote(self, lease: Lease, version: str, now: float) -> None:
+        self.lease, self.version, self.changed_at = lease, version, now
+
+    def closed(self, reason: Reason, now: float) -> None:
+        self.phase, self.reason, self.closed_at = Phase.CLOSED, reason, now
+
+    @property
+    def by_epoch(self) -> bool:
+        """Kept by its epoch (node mode), not by rewriting the record."""
+        return self.lease.renewal == "node"
+
+
+async def gather_limited(*calls: Callable[[], Awaitable[None]]) -> None:
+    """Run the coroutine functions with at most WRITE_CONCURRENCY at once."""
+    limit = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+    async def one(call: Callable[[], Awaitable[None]]) -> None:
+        async with limit:
+            await call()
+
+    await asyncio.gather(*(one(c) for c in calls))
+
+
+class Keeper:
+    def __init__(self, store: LeaseStore, calls: Calls, clock: Clock, telemetry: Telemetry,
+                 runner: Runner, own: OwnEpoch, *, cluster: str, name: str,
+                 options: Callable[[], Options], stopping: Callable[[], bool],
+                 earlier_pace: Callable[[], float],
+                 released: Callable[[int], None]) -> None:
+        self.store, self.calls, self.clock = store, calls, clock
+        self.telemetry, self.runner, self.own = telemetry, runner, own
+        self.cluster, self.name = cluster, name
+        self.options, self.stopping, self.earlier_pace = options, stopping, earlier_pace
+        #: Told of every shard whose lease this node freed (no longer an owner to show).
+        self.released = released
+        # -- mutable state
+        self.held: dict[int, Held] = {}
+        #: Leases of ours not held may remain (unknown until a read).
+        self.strays = True
+        #: Since when every lease write has failed (None: the last one worked),
+        #: and since when this node has withdrawn because of it (`withdrawn`).
+        self._writes_failing: float | None = None
+        self._withdrawn_at: float | None = None
+
+    @property
+    def ttl(self) -> float:
+        return self.options().lease_ttl
+
+    def own_epochs(self) -> set[str]:
+        return self.own.all
+
+    def active(self) -> list[int]:
+        return [s for s, h in self.held.items() if h.phase is Phase.HELD]
+
+    def shards_of(self, epoch: str) -> list[int]:
+        """The held node-mode shards of `epoch` that are not closed."""
+        return [s for s, h in self.held.items()
+                if h.by_epoch and h.lease.incarnation == epoch and h.phase is not Phase.CLOSED]
+
+    def release(self, shard: int) -> None:
+        """Give a held shard up: the runner closes it, then it is freed."""
+        held = self.held[shard]
+        if held.phase is Phase.HELD:
+            held.phase = Phase.RELEASING
+            self.runner.stop(shard, Reason.SHUTDOWN if self.stopping() else Reason.RELEASE)
+
+    # -- the one write step -------------------------------------------------------------
+
+    async def write(self, lease: Lease, version: str | None) -> str:
+        """Every lease write of this node, so that it knows whether it can
+        write leases at all (a conflict is an answer: the store works)."""
+        try:
+            written = await self.store.write_lease(lease, version)
+        except Conflict:
+            self._writes_failing = None
+            raise
+        except StoreError:
+            if self._writes_failing is None:
+                self._writes_failing = self.clock.monotonic()
+            raise
+        self._writes_failing = None
+        return written
+
+    async def _write_held(self, held: Held, lease: Lease) -> str:
+        """Compare-and-swap a lease this node holds. A conflict may be this
+        node's own earlier write whose answer was lost and could not be
+        recognised then (the read-back failed too): if the record still names
+        this process (any of its epochs), with our generation, nobody else
+        wrote it, so take its version and write once more. Raises `Conflict`
+        when another node wrote the record, `StoreError` when that cannot be
+        told yet."""
+        try:
+            return await self.write(lease, held.version)
+        except Conflict:
+            current = await self.store.get_lease(self.cluster, lease.shard)
+            rec = current.record if current is not None else None
+            # (Any incarnation of this process: a hand-over names another.)
+            if current is None or rec is None or rec.owner != self.name \
+                    or rec.incarnation not in self.own_epochs() \
+                    or rec.generation != held.lease.generation \
+                    or current.version == held.version:
+                raise
+            logger.info("shard %d: an earlier write of ours had landed; resuming from it",
+                        lease.shard)
+            held.wrote(held.lease, current.version, self.clock.monotonic())
+        return await self.write(lease, held.version)
+
+    async def _write_step(self, shard: int, held: Held, lease: Lease, what: str,
+                          budget: float | None) -> bool:
+        """Write `lease` over the held record (CAS, retried within `budget`).
+        True once written; False if another node wrote it (the shard is lost);
+        raises `StoreError` when the store did not answer in time."""
+        try:
+            version = await self.calls.bounded(f"{what} of shard {shard}",
+                                               lambda: self._write_held(held, lease),
+                                               budget=budget)
+        except Conflict:
+            self.lost(shard)
+            return False
+        held.wrote(lease, version, self.clock.monotonic())
+        return True
+
+    def lost(self, shard: int) -> None:
+        logger.warning("lost the lease of shard %d: another node holds it", shard)
+        self.held.pop(shard, None)
+        self.runner.stop(shard, Reason.LOST)
+        self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
+
+    # -- renewals -------------------------------------------------------------------------
+
+    def renew_pace(self) -> float:
+        """The interval between renewals: the options', unless a held lease's
+        record still carries a TTL from before `reconfigure()`. Its deadline
+        came from that TTL and the margin of then, made to be met at the pace
+        of then; so until a renewal wrote the new TTL, renew at the faster of
+        the two (say 15 s -> 45 s with the interval 5 s -> 15 s: the record
+        written at t with TTL 15 fences at t + 12.5, before t + 15)."""
+        pace = self.options().interval_s
+        if any(h.lease.ttl != self.ttl for h in self.held.values() if h.phase is not Phase.CLOSED):
+            pace = min(pace, self.earlier_pace())
+        return pace
+
+    async def renew_all(self) -> bool:
+        """Renew (or, once closed, free) every held lease. False if any failed
+        for a reason other than losing it, so the next try comes sooner."""
+        failed: list[int] = []
+        errors: list[str] = []
+
+        def one(shard: int, held: Held) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                try:
+                    if held.phase is Phase.CLOSED:
+                        await self.free(shard, held)
+                    else:
+                        await self._renew(shard, held)
+                except StoreError as e:
+                    failed.append(shard)
+                    errors.append(str(e))
+            return call
+
+        # Node-mode leases are renewed by the epoch; only their frees are here.
+        await gather_limited(*(one(s, h) for s, h in list(self.held.items())
+                               if not h.by_epoch or h.phase is Phase.CLOSED))
+        self.runner.flush()  # the host learns the moved deadlines, in one call
+        if not self.stopping() and (stranded := self.stranded()):
+            await self.own.give_up(f"could not free shard(s) {stranded} within a TTL of "
+                                   "closing them", self._close_all)
+        if failed:
+            logger.warning("renewal failed for %d shard(s): %s", len(failed), errors[0])
+            self.telemetry.emit(RenewFailed(cluster=self.cluster, node=self.name,
+                                            shards=tuple(sorted(failed)), error=errors[0]))
+        return not failed
+
+    def _close_all(self, shards: list[int]) -> None:
+        for shard in shards:
+            self.held[shard].phase = Phase.RELEASING
+            self.runner.stop(shard, Reason.RELEASE)
+
+    async def _renew(self, shard: int, held: Held) -> None:
+        async with held.lock:
+            if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
+                return
+            # Any attempt may be the one that lands (a lost answer): the
+            # deadline counts from the first, the earliest an observer can
+            # have seen this renewal.
+            sent = self.clock.monotonic()
+            # Useful until the deadline: a slow store may still save the shard.
+            deadline = self.runner.deadline(shard)
+            lease = held.lease.model_copy(update={
+                "write_id": new_write_id(), "renewed_at": self.clock.wall(),
+                "ttl": self.written_ttl(held.lease.ttl, deadline, sent)})
+            if await self._write_step(shard, held, lease, "renewal",
+                                      None if deadline is None else deadline - sent):
+                self.runner.extend(shard, self.deadline(sent, lease.ttl))
+
+    def written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
+        """The TTL a renewal sent at `sent` writes over a record carrying
+        `current`, for a shard whose deadline is `deadline`: the options' TTL,
+        unless that is shorter than the record's (`reconfigure()` lowered it)
+        and would no longer cover the deadline once the write landed -- then
+        what still covers it (observers may count the new record's TTL from
+        `sent`; the deadline must stay a margin before that)."""
+        if self.ttl >= current or deadline is None:
+            return self.ttl
+        return min(current, max(self.ttl, deadline - sent + self.options().margin_s))
+
+    def deadline(self, sent: float, ttl: float) -> float:
+        """The deadline a write sent at `sent` gives: `ttl` is the one it wrote
+        into the record (observers honour that one), not the options' now."""
+        return sent + ttl - self.options().margin_s
+
+    async def hand_over(self) -> None:
+        """Stopping in node mode (the epoch goes away): rewrite each node-mode
+        lease as a shard-mode one, so that it is kept by its own record
+        (renewed by the renewals) while its shard closes."""
+
+        def one(shard: int, held: Held) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                async with held.lock:
+                    if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
+                            or not held.by_epoch or held.lease.incarnation != self.own.epoch:
+                        return
+                    sent = self.clock.monotonic()
+                    deadline = self.runner.deadline(shard)
+                    lease = held.lease.model_copy(update={
+                        "renewal": "shard", "write_id": new_write_id(),
+                        "renewed_at": self.clock.wall(),
+                        "ttl": self.written_ttl(held.lease.ttl, deadline, sent)})
+                    try:
+                        if not await self._write_step(
+                                shard, held, lease, "hand-over",
+                                None if deadline is None else deadline - sent):
+                            return
+                    except StoreError as e:
+                        logger.warning("shard %d stays on the epoch, fenced at its deadline: "
+                                       "%s", shard, e)
+                        return
+                    self.runner.extend(shard, self.deadline(sent, lease.ttl))
+            return call
+
+        await gather_limited(*(one(s, h) for s, h in list(self.held.items())))
+
+    # -- frees ------------------------------------------------------------------------------
+
+    def on_closed(self, shard: int, reason: Reason) -> asyncio.Task[None] | None:
+        """The runner closed a shard: free its lease now (and with the renewals
+        until that works). None if it was lost (nothing to free)."""
+        held = self.held.get(shard)
+        if held is None:
+            return None
+        held.closed(reason, self.clock.monotonic())
+        return asyncio.create_task(self._free_soon(shard, held))
+
+    async def _free_soon(self, shard: int, held: Held) -> None:
+        try:
+            await self.free(shard, held)
+        except StoreError as e:
+            logger.warning("could not free shard %d yet (retried with the renewals): %s",
+                           shard, e)
+
+    async def free(self, shard: int, held: Held) -> None:
+        """Write "no owner" (keeping the generation) on a closed shard's lease."""
+        async with held.lock:
+            if self.held.get(shard) is not held:
+                return
+            if held.freeing is None:
+                held.freeing = held.lease.model_copy(update={
+                    "owner": None, "incarnation": None, "write_id": new_write_id(),
+                    "renewed_at": self.clock.wall(), "since": self.clock.wall()})
+            try:
+                if not await self._write_step(shard, held, held.freeing, "free", self.ttl):
+                    return
+            except StoreError:
+                if held.reason is Reason.FENCED:
+                    # Fenced: the lease is not ours to keep; it will expire,
+                    # or be freed as a stray once the store answers.
+                    self.held.pop(shard, None)
+                    self.strays = True
+                    return
+                raise
+            self.held.pop(shard, None)
+            self.released(shard)
+            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+
+    def stranded(self) -> list[int]:
+        """Node mode: closed shards of the current epoch whose lease could not
+        be freed within a TTL of their close: nobody can take them while the
+        epoch lives (its record keeps them), so they are open nowhere."""
+        now = self.clock.monotonic()
+        return [s for s, h in self.held.items()
+                if h.phase is Phase.CLOSED and h.by_epoch
+                and h.lease.incarnation == self.own.epoch
+                and h.closed_at is not None and now - h.closed_at > self.ttl]
+
+    async def free_strays(self, leases: dict[int, Stored[Lease]]) -> None:
+        """Free the leases that still name this process but that it no longer
+        holds (a fenced shard whose free failed, a claim whose answer was
+        lost), so that peers need not wait for them to expire. Nobody else
+        writes this process's records, and the shard is not in the runner, so
+        a compare-and-swap on the version just read frees it safely."""
+        failed = False
+        for shard, stored in leases.items():
+            rec = stored.record
+            if rec is None or rec.owner != self.name \
+                    or rec.incarnation not in self.own_epochs() \
+                    or shard in self.held or self.runner.state(shard) is not None:
+                continue
+            lease = rec.model_copy(update={"owner": None, "incarnation": None,
+                                           "write_id": new_write_id(),
+                                           "renewed_at": self.clock.wall(),
+                                           "since": self.clock.wall()})
+            try:
+                await self.calls.bounded(f"free of stray shard {shard}",
+                                         functools.partial(self.write, lease, stored.version))
+            except Conflict:
+                # Changed since the read: freed by this node's own release in
+                # the meantime, or taken by a peer. Either way no longer ours.
+                continue
+            except StoreError as e:
+                logger.info("could not free the stray lease of shard %d: %s", shard, e)
+                failed = True
+                continue
+            self.released(shard)
+            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+        self.strays = failed
+
+    # -- records changed under us -----------------------------------------------------------
+
+    async def check_held(self, leases: dict[int, Stored[Lease]], listed: float) -> None:
+        """A node-mode lease is written only by its owner (claims, frees), so
+        its record changes under it only by another writer: corrupted,
+        replaced or deleted. Shard mode learns that from its next renewal's
+        compare-and-swap; node mode would keep the shard for ever while
+        nobody else may claim what the record says. A listing that shows
+        another version (and started after our last write of it) is checked
+        by a read; if the record is no longer ours, the shard is given up."""
+        for shard, held in list(self.held.items()):
+            stored = leases.get(shard)
+            if not held.by_epoch or held.changed_at >= listed or held.lock.locked() \
+                    or (stored is not None and stored.version == held.version):
+                continue
+            try:
+                current = await self.calls.bounded(
+                    f"read of shard {shard}",
+                    functools.partial(self.store.get_lease, self.cluster, shard))
+            except StoreError as e:
+                logger.info("shard %d: could not read its lease again: %s", shard, e)
+                continue
+            if self.held.get(shard) is not held or held.changed_at >= listed \
+                    or held.lock.locked():
+                continue  # written by us meanwhile
+            rec = current.record if current is not None else None
+            if current is not None and (current.version == held.version or (
+                    rec is not None and rec.owner == self.name
+                    and rec.incarnation in self.own_epochs()
+                    and rec.generation == held.lease.generation)):
+                continue  # ours (a write whose answer was lost names us too)
+            what = ("deleted" if current is None else "corrupt" if rec is None
+                    else f"now says owner {rec.owner!r}, generation {rec.generation}")
+            logger.error("shard %d: its lease record was changed by another writer (%s): "
+                         "giving the shard up", shard, what)
+            self.lost(shard)
+
+    # -- whether this node can write leases at all ------------------------------------------
+
+    def withdrawn(self) -> bool:
+        """A node whose lease writes have failed for a TTL and that keeps no
+        shard open is no use to its peers, and would only take a share it
+        cannot claim (the shards of that share then open nowhere): it stops
+        counting itself and stops beating (its heartbeat, or in node mode its
+        epoch) until a probe shows lease writes work again."""
+        since = self._writes_failing
+        if since is None or self.stopping() or self.clock.monotonic() - since <= self.ttl \
+                or any(h.phase is not Phase.CLOSED for h in self.held.values()):
+            if self._withdrawn_at is not None:
+                self._withdrawn_at = None
+                logger.info("lease writes work again: counting this node as a peer")
+            return False
+        if self._withdrawn_at is None:
+            self._withdrawn_at = self.clock.monotonic()
+            logger.error("lease writes have failed for over a TTL: not counting this node "
+                         "as a peer until they work again")
+        return True
+
+    async def probe(self) -> None:
+        """A lease write that cannot land (a compare-and-swap against a version
+        no store makes): a Conflict says the store takes lease writes again."""
+        now = self.clock.wall()
+        probe = Lease(cluster=self.cluster, shard=0, owner=None, generation=0,
+                      write_id=new_write_id(), renewed_at=now, since=now, ttl=self.ttl)
+        with contextlib.suppress(Conflict, StoreError):
+            await self.calls.bounded("probe of lease writes",
+                                     functools.partial(self.write, probe, NO_SUCH_VERSION))
