@@ -5,14 +5,20 @@ virtual time."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import pytest
+from prometheus_client import CollectorRegistry
+
 from shardlease.records import Lease
-from shardlease.stores.memory import MemoryBackend
+from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.telemetry import (
     Claim,
     EpochEnded,
     Lost,
+    NewerRecord,
+    PrometheusMetrics,
     RenewSlow,
     SelfFence,
 )
@@ -71,8 +77,8 @@ async def requests_per_interval(shards: int) -> float:
 async def test_store_requests_do_not_grow_with_the_shard_count() -> None:
     small, large = await requests_per_interval(16), await requests_per_interval(512)
     # Each round an epoch listing, a lease listing, an epoch write, and the
-    # heartbeat listing (which finds nobody here, but would find an older
-    # peer: docs/renewal.md).
+    # heartbeat listing (which finds nobody here, but would find a peer in
+    # shard mode: docs/renewal.md).
     assert small == large == 4
 
 
@@ -242,5 +248,33 @@ async def test_a_shard_mode_node_beside_node_mode_nodes_takes_its_share_by_the_o
     assert renewals(backend, 8) == {"node"}
     sampler.cancel()
     assert overlaps == []
+    await a.stop()
+    await b.stop()
+
+
+@virtual
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+async def test_a_lease_of_a_newer_format_is_never_claimed_and_is_reported(
+        renewal: str) -> None:
+    # docs/renewal.md, "Record formats": a node of this version beside the
+    # records of a newer one keeps its hands off what it cannot read, however
+    # long the record stays unchanged, and says so (event, metric).
+    backend = MemoryBackend()
+    future = json.dumps({"cluster": CLUSTER, "shard": 2, "owner": "future", "generation": 7,
+                         "format": 2, "write_id": "w", "ttl": 15.0, "new_field": [1, 2]})
+    MemoryStore(backend).put_raw_lease(CLUSTER, 2, future.encode())
+    registry = CollectorRegistry()
+    a = Node("a", backend, shards=4, renewal=renewal)
+    a.telemetry.subscribe(PrometheusMetrics(registry))
+    a.start()
+    b = Node("b", backend, shards=4, renewal=renewal).start()
+    await asyncio.sleep(10 * 15.0)  # ten TTLs unchanged
+    assert 2 not in a.opened() | b.opened()
+    assert (a.opened() | b.opened()) == {0, 1, 3}
+    assert backend.leases[(CLUSTER, 2)][1] == future.encode()  # never written over
+    assert [e.format for _, e in a.of(NewerRecord)] == [2]  # once per version seen
+    assert registry.get_sample_value("shardlease_newer_records_total",
+                                     {"cluster": CLUSTER, "node": "a"}) == 1
+    assert a.loop.lookup(2) is None and b.loop.lookup(2) is None
     await a.stop()
     await b.stop()

@@ -94,6 +94,7 @@ from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
     CorruptLease,
+    NewerRecord,
     Round,
     Telemetry,
 )
@@ -720,7 +721,12 @@ class PlacementLoop:
                 continue
             if seen is None or seen.version != stored.version:
                 self._seen[shard] = Seen(stored.version, now, stored.record)
-                if stored.record is None:
+                if stored.newer_format is not None:
+                    logger.warning("shard %d: %s; left to the versions that know it",
+                                   shard, stored.error)
+                    self.telemetry.emit(NewerRecord(cluster=self.cluster, node=self.name,
+                                                    shard=shard, format=stored.newer_format))
+                elif stored.record is None:
                     logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
                     self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
                                                      shard=shard, error=stored.error or ""))
@@ -767,6 +773,8 @@ class PlacementLoop:
             return False  # (alone, there is nobody to leave it to)
         if stored is None:
             return True
+        if stored.newer_format is not None:
+            return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
         if rec is not None and rec.owner is None:
             return True
@@ -791,8 +799,9 @@ class PlacementLoop:
         rec = stored.record if stored is not None else None
         if stored is None or (rec is not None and rec.owner is None):
             return now - seen.since
-        if rec is None:  # corrupt: held until unchanged for a TTL
-            return max(0.0, now - seen.since - self.ttl)
+        if rec is None:  # corrupt: held until unchanged for a TTL; a newer format, for ever
+            return 0.0 if stored.newer_format is not None else max(
+                0.0, now - seen.since - self.ttl)
         if rec.owner == self.name and rec.incarnation in self.own_epochs:
             return 0.0
         if rec.renewal == "node":

@@ -145,6 +145,16 @@ class CorruptLease(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NewerRecord(Event):
+    """A lease record of a format newer than this version knows: never
+    claimed, held by whoever wrote it (docs/renewal.md, "Record formats")."""
+
+    KIND = "newer_format"
+    shard: int
+    format: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Round(Event):
     KIND = "round"
     live_nodes: int
@@ -179,7 +189,7 @@ def log_events(event: Event) -> None:
     if isinstance(event, Round | DeadlineMoved):
         level = logging.DEBUG
     elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
-                    | EpochEnded | ExtendFailed):
+                    | NewerRecord | EpochEnded | ExtendFailed):
         level = logging.WARNING
     elif isinstance(event, Overrun):
         level = logging.ERROR
@@ -216,6 +226,9 @@ class PrometheusMetrics:
                                      registry=reg)
         self.corrupt = Counter("shardlease_corrupt_records", "Corrupt lease records read",
                                labels, registry=reg)
+        self.newer = Counter("shardlease_newer_records",
+                             "Lease records of a format newer than this version knows (never "
+                             "claimed by it)", labels, registry=reg)
         self.epochs_ended = Counter("shardlease_epochs_ended",
                                     "Epochs ended: by this node (role=peer), or this node's "
                                     "own, ended by a peer (role=own)", [*labels, "role"],
@@ -249,6 +262,8 @@ class PrometheusMetrics:
                 self.extend_failed.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
+            case NewerRecord():
+                self.newer.labels(*lab).inc()
             case EpochEnded(owner=owner):
                 self.epochs_ended.labels(*lab, "own" if owner == event.node else "peer").inc()
             case Round(live_nodes=live, share=share, held=held, duration=duration):

@@ -64,6 +64,7 @@ from shardlease.telemetry import (
     Claim,
     Event,
     Lost,
+    NewerRecord,
     PrometheusMetrics,
     Release,
     RenewFailed,
@@ -458,7 +459,7 @@ class Agent:
     # -- Kubernetes Events -------------------------------------------------------
 
     def _collect_event(self, event: Event) -> None:
-        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed):
+        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed | NewerRecord):
             self._pending_events.append(event)
         elif isinstance(event, Round) and self._pending_events:
             pending, self._pending_events = self._pending_events, []
@@ -471,6 +472,7 @@ class Agent:
         lost = sorted(e.shard for e in events if isinstance(e, Lost))
         fenced = sorted(s for e in events if isinstance(e, SelfFence) for s in e.shards)
         failed = [e for e in events if isinstance(e, RenewFailed)]
+        newer = sorted({e.shard for e in events if isinstance(e, NewerRecord)})
         me = self.pod_name
         if claims:
             await self._post("Normal", "Claimed", f"{me} claimed shard(s) {_ranges(claims)}")
@@ -483,6 +485,10 @@ class Agent:
                              f"{me} closed shard(s) {_ranges(fenced)} at their deadline")
         if failed:
             await self._post("Warning", "RenewFailed", f"{me}: {failed[-1].error}")
+        if newer:
+            await self._post("Warning", "NewerFormat",
+                             f"{me} leaves shard(s) {_ranges(newer)} alone: their lease records "
+                             "are of a format newer than this version knows")
 
     async def _post(self, type_: str, reason: str, message: str) -> None:
         body = self.body
