@@ -6,11 +6,11 @@ check first that the shards involved do differ in preference."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import pytest
 
-from shardlease import loop
 from shardlease.placement import (
     ADOPT_PER_ROUND,
     COOLDOWN_FIRST,
@@ -284,9 +284,9 @@ def test_cooldown(failures: int, jitter: float, seconds: float) -> None:
     assert cooldown(failures, TTL, jitter) == seconds
 
 
-def test_the_constants_are_todays() -> None:
-    assert (COOLDOWN_FIRST, COOLDOWN_MAX, COOLDOWN_WAIVED, ADOPT_PER_ROUND) == (
-        loop.COOLDOWN_FIRST, loop.COOLDOWN_MAX, loop.COOLDOWN_WAIVED, loop.ADOPT_PER_ROUND)
+def test_the_constants_are_the_documented_ones() -> None:
+    # The module's docstring says why each has its value.
+    assert (COOLDOWN_FIRST, COOLDOWN_MAX, COOLDOWN_WAIVED, ADOPT_PER_ROUND) == (2.0, 8.0, 2.0, 1)
 
 
 def test_cooldown_wants_a_failure() -> None:
@@ -297,17 +297,26 @@ def test_cooldown_wants_a_failure() -> None:
 # -- preference -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("node", "shard"), [
-    ("node-a", 0), ("node-a", 1), ("node-b", 0), ("pod-7.shards", 4095), ("x", 123456),
+#: The scores of today's (and every earlier version's) rendezvous hash.
+PINNED = (12467968906235101664, 3519345710643199738, 12969733725817536255,
+          16982337024405671305, 18274246449543414504)
+
+
+@pytest.mark.parametrize(("node", "shard", "score"), [
+    ("node-a", 0, PINNED[0]), ("node-a", 1, PINNED[1]), ("node-b", 0, PINNED[2]),
+    ("pod-7.shards", 4095, PINNED[3]), ("x", 123456, PINNED[4]),
 ], ids=[
-    "node-a prefers shard 0 as the loop scores it",
-    "node-a prefers shard 1 as the loop scores it",
-    "node-b prefers shard 0 as the loop scores it",
-    "a dotted pod name prefers shard 4095 as the loop scores it",
-    "a one-letter node prefers a large shard as the loop scores it",
+    "node-a scores shard 0 as every version has",
+    "node-a scores shard 1 as every version has",
+    "node-b scores shard 0 as every version has",
+    "a dotted pod name scores shard 4095 as every version has",
+    "a one-letter node scores a large shard as every version has",
 ])
-def test_preference_is_the_loops(node: str, shard: int) -> None:
-    assert preference(node, shard) == loop.preference(node, shard)
+def test_preference_is_the_rendezvous_score_every_version_uses(
+        node: str, shard: int, score: int) -> None:
+    # A changed score would move shards on an upgrade for no reason: pinned.
+    digest = hashlib.blake2b(f"{node}\0{shard}".encode(), digest_size=8).digest()
+    assert preference(node, shard) == int.from_bytes(digest, "big") == score
 
 
 def test_nodes_prefer_different_shards() -> None:

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import random
@@ -80,6 +79,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from shardlease import placement
 from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
 from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
@@ -88,6 +88,7 @@ from shardlease.hosts.base import Host
 from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
+from shardlease.placement import preference as preference
 from shardlease.records import Heartbeat, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
@@ -101,18 +102,6 @@ from shardlease.telemetry import (
 
 logger = logging.getLogger("shardlease.loop")
 
-#: Cooldown of a shard this node failed to open, before it claims it again:
-#: doubling from COOLDOWN_FIRST * lease_ttl up to COOLDOWN_MAX * lease_ttl,
-#: times a jitter in [1, 1.5). The first is longer than a TTL and an interval,
-#: so a peer sees the shard free for a whole TTL and may adopt it first.
-COOLDOWN_FIRST = 2.0
-COOLDOWN_MAX = 8.0
-#: ...unless it has stayed free this many TTLs (no peer adopted it: perhaps
-#: every host failed it for a while), so a transient failure everywhere
-#: delays the shard by that much at most.
-COOLDOWN_WAIVED = 2.0
-#: Shards free for longer than a TTL that a node at its share claims per round.
-ADOPT_PER_ROUND = 1
 @dataclass
 class _Cooldown:
     failures: int
@@ -126,13 +115,6 @@ class Owner:
     generation: int
     #: Wall-clock seconds since this owner (or none) has had it; 0 if unknown.
     since: float = 0.0
-
-
-def preference(node: str, shard: int) -> int:
-    """Rendezvous score: each node prefers different shards, so concurrent
-    claimers rarely race for the same lease and placements stay put."""
-    digest = hashlib.blake2b(f"{node}\0{shard}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 class PlacementLoop:
@@ -360,9 +342,8 @@ class PlacementLoop:
     def _release_beyond(self) -> None:
         """Release the held shards at or above the shard count (it shrank, or
         a claim in flight when it did landed since)."""
-        for shard in self.keeper.active():
-            if shard >= self.options.shards:
-                self.keeper.release(shard)
+        for shard in placement.releases_beyond(self._placement_held(), self.options.shards):
+            self.keeper.release(shard)
 
     async def _pause(self, due: Callable[[], float]) -> None:
         """Sleep until the monotonic time `due()`, computed again whenever
@@ -624,16 +605,17 @@ class PlacementLoop:
         self._live = live
         if leases is not None:
             await self.keeper.check_held(leases, started)
-        share = 0 if self._stopping or withdrawn else math.ceil(
-            self.options.shards / max(1, len(live)))
         if withdrawn:
             await self.keeper.probe()
-        self._release_beyond()
-        self._release_excess(share)
+        plan = self._plan(leases if not first and self.runner.running else None, len(live),
+                          stopping=self._stopping or withdrawn)
+        share = plan.share
+        for shard in plan.release:
+            self.keeper.release(shard)
         if leases is not None and self._stopping:
             await self.keeper.free_strays(leases)
         elif leases is not None and not first and self.runner.running:
-            await self._claim(leases, share)
+            await self._claim(leases, plan.claim, plan.adopt)
             if self.mode == "node":
                 # A lease of ours that we do not hold (a claim whose answer was
                 # lost and could not be recognised): under our live epoch
@@ -668,21 +650,38 @@ class PlacementLoop:
         self._beat_live = live
         return live
 
-    def _release_excess(self, share: int) -> None:
-        keep = [s for s, h in self.held.items() if h.phase is Phase.HELD]
-        excess = len(keep) - share
-        if excess <= 0:
-            return
-        # Shards not yet open go first (nothing to close), then the ones this
-        # node likes least, so the shards it keeps are the ones it would
-        # claim; adopted shards last (a peer's host may have refused them).
-        def cost(s: int) -> tuple[int, int, int]:
-            opened = self.runner.state(s) not in (State.WAITING, None)
-            return (int(self.held[s].adopted), int(opened), preference(self.name, s))
+    def _placement_held(self) -> list[placement.Held]:
+        return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
+                               opened=self.runner.state(s) not in (State.WAITING, None))
+                for s, h in self.held.items()]
 
-        for shard in sorted(keep, key=cost)[:excess]:
-            self.held[shard].phase = Phase.RELEASING
-            self.runner.stop(shard, Reason.SHUTDOWN if self._stopping else Reason.RELEASE)
+    def _plan(self, leases: dict[int, Stored[Lease]] | None, live: int, *,
+              stopping: bool) -> placement.Plan:
+        """This round's releases, claims and adoptions (placement.py decides;
+        here is what this node judges of the records: which shards may be
+        claimed at all, and for how long each has been free)."""
+        now = self.clock.monotonic()
+        held = self._placement_held()
+        candidates: list[placement.Candidate] = []
+        if leases is not None and not stopping:
+            share = placement.fair_share(self.options.shards, live, stopping=False)
+            want = share - sum(1 for h in held if h.active and h.shard < self.options.shards)
+            # At its share a node only adopts shards free (or expired) for a
+            # TTL: those are all it needs to look at (the rest costs O(shards)).
+            pool: Iterable[int] = range(self.options.shards) if want > 0 else [
+                *self._free_shards, *self._idle_shards,
+                *(s for key, shards in self._named.items()
+                  if self.epoch_watch.silent_for(key, now) > self.ttl for s in shards)]
+            for s in pool:
+                stored = leases.get(s)
+                if self._claimable(s, stored, now):
+                    cool = self._cooldown.get(s)
+                    candidates.append(placement.Candidate(
+                        shard=s, free_for=self._free_for(s, stored, now),
+                        cooling_until=cool.until if cool is not None else None))
+        return placement.plan(placement.View(
+            node=self.name, shards=self.options.shards, live=live, stopping=stopping, now=now,
+            ttl=self.ttl, held=tuple(held), candidates=tuple(candidates)))
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:
@@ -765,12 +764,10 @@ class PlacementLoop:
         return cached[1]
 
     def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
+        """Whether the record lets this node claim the shard (its cooldowns are
+        placement's): free, expired, its epoch over, or ours."""
         if shard in self.held or self.runner.state(shard) is not None:
             return False
-        if (cool := self._cooldown.get(shard)) is not None and now < cool.until \
-                and len(self._live) > 1 \
-                and self._free_for(shard, stored, now) <= COOLDOWN_WAIVED * self.ttl:
-            return False  # (alone, there is nobody to leave it to)
         if stored is None:
             return True
         if stored.newer_format is not None:
@@ -809,23 +806,9 @@ class PlacementLoop:
             return max(0.0, silent - max(self.ttl, rec.ttl))
         return max(0.0, now - seen.since - max(self.ttl, rec.ttl))
 
-    async def _claim(self, leases: dict[int, Stored[Lease]], share: int) -> None:
-        active = sum(1 for h in self.held.values() if h.phase is Phase.HELD)
-        want = max(0, share - active)
-        now = self.clock.monotonic()
-        # At its share a node only adopts shards free for a TTL: the free ones
-        # are all it needs to look at (the rest costs O(shards) a round).
-        pool: Iterable[int] = range(self.options.shards) if want > 0 else [
-            *self._free_shards, *self._idle_shards,
-            *(s for key, shards in self._named.items()
-              if self.epoch_watch.silent_for(key, now) > self.ttl for s in shards)]
-        candidates = [s for s in pool if self._claimable(s, leases.get(s), now)]
-        candidates.sort(key=lambda s: preference(self.name, s), reverse=True)
-        chosen = candidates[:want]
-        # A shard nobody claimed for a whole TTL: the hosts of the nodes below
-        # their share may refuse it. Take it even above the share.
-        orphans = [s for s in candidates[want:] if self._free_for(s, leases.get(s), now) > self.ttl]
-        adopted = set(orphans[:ADOPT_PER_ROUND])
+    async def _claim(self, leases: dict[int, Stored[Lease]], chosen: Iterable[int],
+                     adopt: Iterable[int]) -> None:
+        chosen, adopted = list(chosen), set(adopt)
         if not chosen and not adopted:
             return
         if self.mode == "node" and not self.own.valid():
@@ -928,8 +911,7 @@ class PlacementLoop:
             self._cooldown.pop(shard, None)
             return
         failures = self._cooldown[shard].failures + 1 if shard in self._cooldown else 1
-        pause = min(COOLDOWN_FIRST * 2 ** (failures - 1), COOLDOWN_MAX) * self.ttl
-        pause *= self.rng.uniform(1.0, 1.5)
+        pause = placement.cooldown(failures, self.ttl, self.rng.uniform(1.0, 1.5))
         self._cooldown[shard] = _Cooldown(failures, self.clock.monotonic() + pause)
         logger.info("shard %d failed to open here (%d time(s)); not claimed again for %.3gs",
                     shard, failures, pause)
