@@ -82,23 +82,24 @@ from typing import Any
 from shardlease import placement
 from shardlease.calls import Calls
 from shardlease.clock import Clock, LoopClock
-from shardlease.epochs import MISSING, EpochKey, EpochWatch, Seen
+from shardlease.epochs import EpochKey, EpochWatch
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
+from shardlease.heartbeats import Heartbeats
 from shardlease.hosts.base import Host
 from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
-from shardlease.records import Heartbeat, Lease, Stored, new_write_id
+from shardlease.records import Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
-    CorruptLease,
-    NewerRecord,
     Round,
     Telemetry,
 )
+from shardlease.view import LeaseView
+from shardlease.view import Owner as Owner
 
 logger = logging.getLogger("shardlease.loop")
 
@@ -106,15 +107,6 @@ logger = logging.getLogger("shardlease.loop")
 class _Cooldown:
     failures: int
     until: float
-
-
-@dataclass(frozen=True)
-class Owner:
-    shard: int
-    owner: str | None
-    generation: int
-    #: Wall-clock seconds since this owner (or none) has had it; 0 if unknown.
-    since: float = 0.0
 
 
 class PlacementLoop:
@@ -159,34 +151,13 @@ class PlacementLoop:
         )
         self.ready = asyncio.Event()  # set once a round read the leases
         self.rounds = 0
-        self._seen: dict[int, Seen] = {}
-        self._max_generation: dict[int, int] = {}
         self._cooldown: dict[int, _Cooldown] = {}
-        self._beats: dict[str, tuple[str, float]] = {}
         self._live: set[str] = {self.name}
-        #: The nodes live by their heartbeats, and by their epochs, in the
-        #: last listing of each that succeeded (a failed one keeps them).
-        self._beat_live: set[str] = set()
+        #: The nodes live by their epochs in the last epoch listing that
+        #: succeeded (a failed one keeps them; heartbeats keep theirs too).
         self._epoch_live: set[str] = set()
-        self._owners: dict[int, Owner] = {}
-        self._owner_rows: dict[int, tuple[Lease, Owner]] = {}
-        #: The last lease listing, and what was worked out from it.
-        self._last_listing: dict[int, Stored[Lease]] = {}
-        #: The epochs node-mode leases of the last listing name, in shard order.
-        self._named: dict[EpochKey, list[int]] = {}
-        #: Shards of the last listing held by a record unchanged for a TTL
-        #: (shard mode, or corrupt): perhaps expired, looked at by a node at
-        #: its share (adoption), with the free ones and the shards of silent epochs.
-        self._idle_shards: list[int] = []
-        self._free_shards: list[int] = []
-        self._hb_seq = 0
-        # Held by a heartbeat write and by its deletion: a graceful stop must
-        # not delete the heartbeat while a write of it is on its way.
-        self._hb_lock = asyncio.Lock()
-        # Node mode writes none: its epoch is its heartbeat.
-        self._hb_deleted = options.renewal == "node"
+        #: When stop() was called (monotonic), None before.
         self._stop_started: float | None = None
-        # -- node mode: this node's epoch, and what it saw of everyone's.
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
@@ -212,11 +183,19 @@ class PlacementLoop:
                             next_ttl=lambda: self.ttl,
                             shards_of=lambda epoch: self.keeper.shards_of(epoch),
                             on_lost=lambda epoch: self.epoch_watch.ended.add((self.name, epoch)))
+        #: This node's heartbeat (shard mode), and the peers live by theirs.
+        self.beats = Heartbeats(self.store, self.calls, self.clock, cluster=self.cluster,
+                                name=self.name, incarnation=self.incarnation,
+                                ttl=lambda: self.ttl, writes=self.mode == "shard")
+        #: What this node saw of the leases.
+        self.view = LeaseView(self.telemetry, self.epoch_watch, cluster=self.cluster,
+                              name=self.name, incarnation=self.incarnation,
+                              own_epochs=lambda: self.own_epochs, ttl=lambda: self.ttl)
         self.keeper = Keeper(self.store, self.calls, self.clock, self.telemetry, self.runner,
                              self.own, cluster=self.cluster, name=self.name,
                              options=lambda: self.options, stopping=lambda: self._stopping,
                              earlier_pace=lambda: self._earlier_pace,
-                             released=self._forget_owner)
+                             released=self.view.forget_owner)
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -236,7 +215,7 @@ class PlacementLoop:
     def lookup(self, shard: int) -> str | None:
         """The owner of `shard` from the last good read, if it is a known peer
         (or this node). Lease data alone never makes a routing target."""
-        owner = self._owners.get(shard) if shard < self.options.shards else None
+        owner = self.view.owners.get(shard) if shard < self.options.shards else None
         if owner is None or owner.owner is None:
             return None
         if owner.owner == self.name or owner.owner in set(self.peers()):
@@ -245,7 +224,7 @@ class PlacementLoop:
 
     def owners(self) -> list[Owner]:
         """Every shard's owner and generation from the last good read."""
-        return [self._owners.get(s, Owner(s, None, 0)) for s in range(self.options.shards)]
+        return [self.view.owners.get(s, Owner(s, None, 0)) for s in range(self.options.shards)]
 
     def reconfigure(self, options: Options) -> None:
         """Apply new options in place: no shard is closed, no lease given up,
@@ -272,7 +251,7 @@ class PlacementLoop:
         expiry, in any observer's eyes, is at least the time its last write
         was sent plus the TTL written *in that record*: observers date a
         version from when they first saw it, and wait max(their own TTL, the
-        record's TTL) (`_claimable`). So this node's deadline for a shard is
+        record's TTL) (`LeaseView.claimable`). So this node's deadline for a shard is
         always computed from the TTL the write that moved it carried
         (`Keeper.deadline(sent, lease.ttl)`), never from the options of the moment:
 
@@ -429,11 +408,11 @@ class PlacementLoop:
             if self.mode == "node":
                 with contextlib.suppress(StoreError, TimeoutError):
                     await asyncio.wait_for(self.own.retire(), self.options.interval_s)
-            if not self._hb_deleted:
+            if not self.beats.deleted:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
                 with contextlib.suppress(StoreError, TimeoutError):
-                    await asyncio.wait_for(self._delete_heartbeat(),
+                    await asyncio.wait_for(self.beats.delete(),
                                            self.ttl + self.options.interval_s)
             await _cancel(*self.calls.in_flight())
             await _cancel(runner)
@@ -460,9 +439,9 @@ class PlacementLoop:
                     await self.own.retire()
                 except StoreError as e:
                     logger.warning("could not delete the epoch record: %s", e)
-            if not self._hb_deleted:
+            if not self.beats.deleted:
                 try:
-                    await self._delete_heartbeat()
+                    await self.beats.delete()
                 except StoreError as e:
                     logger.warning("could not delete the heartbeat: %s", e)
             self._wake.set()
@@ -532,32 +511,13 @@ class PlacementLoop:
         if self.mode == "node":
             return  # its epoch is its heartbeat
         if self.keeper.withdrawn():
-            if not self._hb_deleted:
+            if not self.beats.deleted:
                 try:
-                    await self._delete_heartbeat()
+                    await self.beats.delete()
                 except StoreError as e:
                     logger.info("could not delete the heartbeat: %s", e)
             return
-        async with self._hb_lock:
-            if self._stopping:
-                return
-            self._hb_deleted = False
-            self._hb_seq += 1
-            hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
-                           seq=self._hb_seq, write_id=new_write_id(), at=self.clock.wall())
-            try:
-                await self.calls.joined("heartbeat", "heartbeat",
-                                   lambda: self.store.put_heartbeat(hb))
-            except StoreError as e:
-                logger.warning("heartbeat failed: %s", e)
-
-    async def _delete_heartbeat(self) -> None:
-        """After any heartbeat write in flight, so that it cannot land after
-        (also one its caller gave up waiting for: it goes on, up to a TTL)."""
-        async with self._hb_lock:
-            await self.calls.settled("heartbeat")
-            await self.store.delete_heartbeat(self.cluster, self.name)
-            self._hb_deleted = True
+        await self.beats.beat(stopping=lambda: self._stopping)
 
     # -- renewals ---------------------------------------------------------------------
 
@@ -582,12 +542,12 @@ class PlacementLoop:
     async def _round(self) -> None:
         started = self.clock.monotonic()
         first = self.rounds == 0
-        live, epochs, leases = await asyncio.gather(self._live_nodes(), self._read_epochs(),
+        live, epochs, leases = await asyncio.gather(self.beats.read(), self._read_epochs(),
                                                     self._read_leases())
         if leases is not None:
-            self._node_leases = bool(self._named)
+            self._node_leases = bool(self.view.named)
         if epochs is not None:
-            self.epoch_watch.observe(epochs, self._named if leases is not None else {})
+            self.epoch_watch.observe(epochs, self.view.named if leases is not None else {})
             if self.epoch_watch.suspects and not self._stopping:
                 # Before the share: an epoch a peer ended is no live node.
                 await self.epoch_watch.check_suspects()
@@ -622,33 +582,13 @@ class PlacementLoop:
                 # nobody else may take it, so it is freed here.
                 await self.keeper.free_strays(leases)
         if leases is not None and epochs is not None:
-            await self.epoch_watch.collect(self._named)
+            await self.epoch_watch.collect(self.view.named)
         self.rounds += 1
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
                                   ok=leases is not None))
 
-    async def _live_nodes(self) -> set[str]:
-        # Read every round, in node mode too, though a pure node-mode cluster
-        # writes no heartbeat: a peer in shard mode (a cluster switching
-        # modes) counts for the share only by its heartbeat.
-        try:
-            beats = await self.calls.joined("heartbeats", "heartbeat listing",
-                                       lambda: self.store.list_heartbeats(self.cluster))
-        except StoreError as e:
-            logger.warning("could not read heartbeats, keeping the last live set: %s", e)
-            return self._beat_live
-        now = self.clock.monotonic()
-        for node, version in beats.items():
-            seen = self._beats.get(node)
-            if seen is None or seen[0] != version:
-                self._beats[node] = (version, now)
-        for node in set(self._beats) - set(beats):
-            del self._beats[node]  # deleted: a graceful stop
-        live = {n for n, (_, since) in self._beats.items() if now - since <= self.ttl}
-        self._beat_live = live
-        return live
 
     def _placement_held(self) -> list[placement.Held]:
         return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
@@ -669,15 +609,14 @@ class PlacementLoop:
             # At its share a node only adopts shards free (or expired) for a
             # TTL: those are all it needs to look at (the rest costs O(shards)).
             pool: Iterable[int] = range(self.options.shards) if want > 0 else [
-                *self._free_shards, *self._idle_shards,
-                *(s for key, shards in self._named.items()
-                  if self.epoch_watch.silent_for(key, now) > self.ttl for s in shards)]
+                *self.view.free, *self.view.idle, *self.view.silent_shards(now)]
             for s in pool:
                 stored = leases.get(s)
-                if self._claimable(s, stored, now):
+                if s not in self.held and self.runner.state(s) is None \
+                        and self.view.claimable(s, stored, now):
                     cool = self._cooldown.get(s)
                     candidates.append(placement.Candidate(
-                        shard=s, free_for=self._free_for(s, stored, now),
+                        shard=s, free_for=self.view.free_for(s, stored, now),
                         cooling_until=cool.until if cool is not None else None))
         return placement.plan(placement.View(
             node=self.name, shards=self.options.shards, live=live, stopping=stopping, now=now,
@@ -690,121 +629,10 @@ class PlacementLoop:
         except StoreError as e:
             logger.warning("could not read the leases, no claims this round: %s", e)
             return None
-        now = self.clock.monotonic()
-        owners: dict[int, Owner] = {}
-        named: dict[EpochKey, list[int]] = {}
-        free: list[int] = []
-        idle: list[int] = []
-        last = self._last_listing
-        for shard in range(self.options.shards):
-            stored = leases.get(shard)
-            if stored is not None and stored is last.get(shard):
-                # The very entry of the last listing (stores keep what did not
-                # change): nothing to note but what it says.
-                rec = stored.record
-                if rec is not None:
-                    owners[shard] = self._owner_of(shard, rec)
-                    if rec.owner is None:
-                        free.append(shard)
-                    elif rec.renewal == "node":
-                        named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
-                        continue
-                if now - self._seen[shard].since > self.ttl:
-                    idle.append(shard)
-                continue
-            seen = self._seen.get(shard)
-            if stored is None:
-                free.append(shard)
-                if seen is None or seen.version != MISSING:
-                    self._seen[shard] = Seen(MISSING, now, None)
-                continue
-            if seen is None or seen.version != stored.version:
-                self._seen[shard] = Seen(stored.version, now, stored.record)
-                if stored.newer_format is not None:
-                    logger.warning("shard %d: %s; left to the versions that know it",
-                                   shard, stored.error)
-                    self.telemetry.emit(NewerRecord(cluster=self.cluster, node=self.name,
-                                                    shard=shard, format=stored.newer_format))
-                elif stored.record is None:
-                    logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
-                    self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
-                                                     shard=shard, error=stored.error or ""))
-            if (rec := stored.record) is not None:
-                self._max_generation[shard] = max(rec.generation,
-                                                  self._max_generation.get(shard, 0))
-                owners[shard] = self._owner_of(shard, rec)
-                if rec.owner is None:
-                    free.append(shard)
-                    continue
-                if rec.renewal == "node":
-                    named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
-                    continue
-            if now - self._seen[shard].since > self.ttl:
-                idle.append(shard)
-        for shard, held in self.held.items():
-            owners[shard] = Owner(shard, self.name, held.lease.generation, held.lease.since)
-        self._owners = owners
-        self._last_listing = leases
-        self._named = named
-        self._free_shards = free
-        self._idle_shards = idle
+        self.view.observe(leases, self.options.shards, self.clock.monotonic(),
+                          ((shard, held.lease) for shard, held in self.held.items()))
         self.ready.set()
         return leases
-
-    def _forget_owner(self, shard: int) -> None:
-        """This node freed the shard's lease: it shows no owner until a read says."""
-        self._owners.pop(shard, None)
-
-    def _owner_of(self, shard: int, rec: Lease) -> Owner:
-        """The Owner row of a record, shared while the record is unchanged."""
-        cached = self._owner_rows.get(shard)
-        if cached is None or cached[0] is not rec:
-            cached = self._owner_rows[shard] = (rec, Owner(shard, rec.owner, rec.generation,
-                                                           rec.since))
-        return cached[1]
-
-    def _claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
-        """Whether the record lets this node claim the shard (its cooldowns are
-        placement's): free, expired, its epoch over, or ours."""
-        if shard in self.held or self.runner.state(shard) is not None:
-            return False
-        if stored is None:
-            return True
-        if stored.newer_format is not None:
-            return False  # held by a version that knows the format, for as long as it is
-        rec = stored.record
-        if rec is not None and rec.owner is None:
-            return True
-        if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
-            return True  # ours, dropped after a fence: nobody else can hold it
-        if rec is not None and rec.renewal == "node":
-            return self.epoch_watch.over(rec, now)
-        seen = self._seen[shard]
-        ttl = max(self.ttl, rec.ttl) if rec is not None else self.ttl
-        return now - seen.since > ttl
-
-    def _free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
-        """Seconds this node has seen the shard free (no record, or no owner)
-        or claimable by expiry (an owner that stopped keeping it: its record,
-        or in node mode its epoch, unchanged for the TTL it is judged by);
-        0 if it is neither. A shard its owner closed but cannot free (its
-        lease writes fail) expires like this, and must then find a node even
-        if every node is at its share: adoption counts this."""
-        seen = self._seen.get(shard)
-        if seen is None:
-            return 0.0
-        rec = stored.record if stored is not None else None
-        if stored is None or (rec is not None and rec.owner is None):
-            return now - seen.since
-        if rec is None:  # corrupt: held until unchanged for a TTL; a newer format, for ever
-            return 0.0 if stored.newer_format is not None else max(
-                0.0, now - seen.since - self.ttl)
-        if rec.owner == self.name and rec.incarnation in self.own_epochs:
-            return 0.0
-        if rec.renewal == "node":
-            silent = self.epoch_watch.silent_for((rec.owner or "", rec.incarnation or ""), now)
-            return max(0.0, silent - max(self.ttl, rec.ttl))
-        return max(0.0, now - seen.since - max(self.ttl, rec.ttl))
 
     async def _claim(self, leases: dict[int, Stored[Lease]], chosen: Iterable[int],
                      adopt: Iterable[int]) -> None:
@@ -849,7 +677,7 @@ class PlacementLoop:
         previous = stored.generation if stored is not None else None
         if stored is not None and stored.record is None:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
-        generation = max(previous or 0, self._max_generation.get(shard, 0)) + 1
+        generation = max(previous or 0, self.view.max_generation.get(shard, 0)) + 1
         now = self.clock.wall()
         epoch = self.epoch
         by_epoch = self.mode == "node"
@@ -864,7 +692,7 @@ class PlacementLoop:
         except Conflict:
             logger.debug("shard %d: lost the race to claim it", shard)
             return
-        self._max_generation[shard] = generation
+        self.view.max_generation[shard] = generation
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
         deadline = self.own.deadline if by_epoch else self.keeper.deadline(sent, lease.ttl)
@@ -880,7 +708,7 @@ class PlacementLoop:
             return
         self.held[shard] = Held(lease, version, adopted=adopted,
                                 changed_at=self.clock.monotonic())
-        self._owners[shard] = Owner(shard, self.name, generation, lease.since)
+        self.view.claimed(shard, lease)
         try:
             self.runner.start(shard, generation, deadline)
         except EngineError as e:  # it ended while we claimed: the lease is freed on the way out

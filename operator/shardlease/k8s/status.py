@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from shardlease.loop import Owner
+from shardlease.view import Owner
 
 PUBLISHED = ("Balanced", "Degraded")
 REFRESH_INTERVALS = 2

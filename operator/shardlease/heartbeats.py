@@ -1,0 +1,82 @@
+"""Heartbeats: this node's own (shard mode), and which peers are live by theirs.
+
+A shard-mode node writes its heartbeat every interval; a node-mode node writes
+none (its epoch is its heartbeat) but still lists them, so that peers in shard
+mode (a cluster switching modes) count for the share. A peer is live while its
+heartbeat's version has changed within a TTL, judged on this node's monotonic
+clock (`observed`); a deleted heartbeat is a graceful stop. A listing that
+fails keeps the live set the last good one showed: a failed read must never
+make this node think itself alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from shardlease.calls import Calls
+from shardlease.clock import Clock
+from shardlease.errors import StoreError
+from shardlease.observed import Observed
+from shardlease.records import Heartbeat, new_write_id
+from shardlease.stores.base import LeaseStore
+
+logger = logging.getLogger("shardlease.loop")
+
+
+class Heartbeats:
+    def __init__(self, store: LeaseStore, calls: Calls, clock: Clock, *, cluster: str,
+                 name: str, incarnation: str, ttl: Callable[[], float], writes: bool) -> None:
+        self.store, self.calls, self.clock = store, calls, clock
+        self.cluster, self.name, self.incarnation, self.ttl = cluster, name, incarnation, ttl
+        # -- mutable state
+        self._seen: Observed[str, None] = Observed()
+        #: The nodes live by their heartbeats in the last good listing.
+        self.live: set[str] = set()
+        self._seq = 0
+        #: Whether this node has no heartbeat in the store (node mode writes none).
+        self.deleted = not writes
+        # Held by a heartbeat write and by its deletion: a graceful stop must
+        # not delete the heartbeat while a write of it is on its way.
+        self._lock = asyncio.Lock()
+
+    async def read(self) -> set[str]:
+        """The nodes live by their heartbeats (this node's own included, if it
+        beats), or the last good listing's if this one fails."""
+        try:
+            beats = await self.calls.joined("heartbeats", "heartbeat listing",
+                                            lambda: self.store.list_heartbeats(self.cluster))
+        except StoreError as e:
+            logger.warning("could not read heartbeats, keeping the last live set: %s", e)
+            return self.live
+        now = self.clock.monotonic()
+        for node, version in beats.items():
+            self._seen.see(node, version, now)
+        self._seen.forget_except(beats)  # deleted: a graceful stop
+        ttl = self.ttl()
+        self.live = {n for n, seen in self._seen.items() if now - seen.since <= ttl}
+        return self.live
+
+    async def beat(self, *, stopping: Callable[[], bool]) -> None:
+        """Write this node's heartbeat (not once a stop began)."""
+        async with self._lock:
+            if stopping():
+                return
+            self.deleted = False
+            self._seq += 1
+            hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
+                           seq=self._seq, write_id=new_write_id(), at=self.clock.wall())
+            try:
+                await self.calls.joined("heartbeat", "heartbeat",
+                                        lambda: self.store.put_heartbeat(hb))
+            except StoreError as e:
+                logger.warning("heartbeat failed: %s", e)
+
+    async def delete(self) -> None:
+        """After any heartbeat write in flight, so that it cannot land after
+        (also one its caller gave up waiting for: it goes on, up to a TTL)."""
+        async with self._lock:
+            await self.calls.settled("heartbeat")
+            await self.store.delete_heartbeat(self.cluster, self.name)
+            self.deleted = True

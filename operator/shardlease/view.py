@@ -1,0 +1,172 @@
+"""What this node saw of the leases: the last good listing, judged.
+
+Each shard's record is tracked on this node's monotonic clock (`observed`):
+its version and since when it has been seen unchanged. From that, and from
+what the node sees of the epochs (`epochs.EpochWatch`), this module says
+whether a record lets this node claim its shard (free, expired, its epoch
+over: `claimable`) and for how long it has been free (`free_for`, which
+adoption uses). It also keeps what `lookup()` and `owners()` show, and what a
+round looks at when the node is at its share (the free shards, the idle ones,
+the shards each epoch keeps), so that such a round costs what changed, not
+the shard count. It reads nothing itself and writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from shardlease.epochs import EpochKey, EpochWatch
+from shardlease.observed import Observed
+from shardlease.records import Lease, Stored
+from shardlease.telemetry import CorruptLease, NewerRecord, Telemetry
+
+logger = logging.getLogger("shardlease.loop")
+
+
+@dataclass(frozen=True)
+class Owner:
+    shard: int
+    owner: str | None
+    generation: int
+    #: Wall-clock seconds since this owner (or none) has had it; 0 if unknown.
+    since: float = 0.0
+
+
+class LeaseView:
+    def __init__(self, telemetry: Telemetry, epochs: EpochWatch, *, cluster: str, name: str,
+                 incarnation: str, own_epochs: Callable[[], set[str]],
+                 ttl: Callable[[], float]) -> None:
+        self.telemetry, self.epochs = telemetry, epochs
+        self.cluster, self.name, self.incarnation = cluster, name, incarnation
+        self.own_epochs, self.ttl = own_epochs, ttl
+        # -- mutable state
+        #: Each shard's record as seen: its version (or MISSING) and since when.
+        self.seen: Observed[int, Lease] = Observed()
+        #: The highest generation seen per shard: a claim goes above it.
+        self.max_generation: dict[int, int] = {}
+        #: What `lookup()` shows, from the last good listing.
+        self.owners: dict[int, Owner] = {}
+        self._rows: dict[int, tuple[Lease, Owner]] = {}
+        #: The last listing, and what was worked out from it.
+        self.last: dict[int, Stored[Lease]] = {}
+        #: The epochs node-mode leases name, in shard order, with their shards.
+        self.named: dict[EpochKey, list[int]] = {}
+        self.free: list[int] = []
+        #: Shards held by a record unchanged for a TTL (shard mode, or
+        #: corrupt): perhaps expired, looked at by a node at its share.
+        self.idle: list[int] = []
+
+    def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
+                held: Iterable[tuple[int, Lease]]) -> None:
+        """Take in a listing (`held`: this node's own leases, shown as ours)."""
+        owners: dict[int, Owner] = {}
+        named: dict[EpochKey, list[int]] = {}
+        free: list[int] = []
+        idle: list[int] = []
+        ttl = self.ttl()
+        for shard in range(shards):
+            stored = leases.get(shard)
+            fresh = stored is None or stored is not self.last.get(shard)
+            if stored is None:
+                free.append(shard)
+                self.seen.missing(shard, now)
+                continue
+            # (An entry that is the very one of the last listing -- stores keep
+            # what did not change -- has nothing new to note.)
+            if fresh and self.seen.see(shard, stored.version, now, stored.record):
+                self._report(shard, stored)
+            if (rec := stored.record) is not None:
+                if fresh:
+                    self.max_generation[shard] = max(rec.generation,
+                                                     self.max_generation.get(shard, 0))
+                owners[shard] = self._owner_of(shard, rec)
+                if rec.owner is None:
+                    free.append(shard)
+                    continue
+                if rec.renewal == "node":
+                    named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
+                    continue
+            seen = self.seen.get(shard)
+            if seen is not None and now - seen.since > ttl:
+                idle.append(shard)
+        for shard, lease in held:
+            owners[shard] = Owner(shard, self.name, lease.generation, lease.since)
+        self.owners, self.last, self.named, self.free, self.idle = (
+            owners, leases, named, free, idle)
+
+    def _report(self, shard: int, stored: Stored[Lease]) -> None:
+        if stored.newer_format is not None:
+            logger.warning("shard %d: %s; left to the versions that know it",
+                           shard, stored.error)
+            self.telemetry.emit(NewerRecord(cluster=self.cluster, node=self.name,
+                                            shard=shard, format=stored.newer_format))
+        elif stored.record is None:
+            logger.warning("shard %d: corrupt lease record: %s", shard, stored.error)
+            self.telemetry.emit(CorruptLease(cluster=self.cluster, node=self.name,
+                                             shard=shard, error=stored.error or ""))
+
+    def _owner_of(self, shard: int, rec: Lease) -> Owner:
+        """The Owner row of a record, shared while the record is unchanged."""
+        cached = self._rows.get(shard)
+        if cached is None or cached[0] is not rec:
+            cached = self._rows[shard] = (rec, Owner(shard, rec.owner, rec.generation,
+                                                     rec.since))
+        return cached[1]
+
+    def forget_owner(self, shard: int) -> None:
+        """This node freed the shard's lease: it shows no owner until a read says."""
+        self.owners.pop(shard, None)
+
+    def claimed(self, shard: int, lease: Lease) -> None:
+        """This node claimed the shard and opens it: shown as ours at once."""
+        self.owners[shard] = Owner(shard, self.name, lease.generation, lease.since)
+
+    def silent_shards(self, now: float) -> list[int]:
+        """The shards of node-mode leases whose epoch has been silent for a TTL."""
+        ttl = self.ttl()
+        return [s for key, shards in self.named.items()
+                if self.epochs.silent_for(key, now) > ttl for s in shards]
+
+    def claimable(self, shard: int, stored: Stored[Lease] | None, now: float) -> bool:
+        """Whether the record lets this node claim the shard: free, expired,
+        its epoch over, or ours (cooldowns are placement's; whether this node
+        holds it already, the caller's)."""
+        if stored is None:
+            return True
+        if stored.newer_format is not None:
+            return False  # held by a version that knows the format, for as long as it is
+        rec = stored.record
+        if rec is not None and rec.owner is None:
+            return True
+        if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
+            return True  # ours, dropped after a fence: nobody else can hold it
+        if rec is not None and rec.renewal == "node":
+            return self.epochs.over(rec, now)
+        seen = self.seen.get(shard)
+        ttl = max(self.ttl(), rec.ttl) if rec is not None else self.ttl()
+        return seen is not None and now - seen.since > ttl
+
+    def free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
+        """Seconds this node has seen the shard free (no record, or no owner)
+        or claimable by expiry (an owner that stopped keeping it: its record,
+        or in node mode its epoch, unchanged for the TTL it is judged by);
+        0 if it is neither. A shard its owner closed but cannot free (its
+        lease writes fail) expires like this, and must then find a node even
+        if every node is at its share: adoption counts this."""
+        seen = self.seen.get(shard)
+        if seen is None:
+            return 0.0
+        ttl = self.ttl()
+        rec = stored.record if stored is not None else None
+        if stored is None or (rec is not None and rec.owner is None):
+            return now - seen.since
+        if rec is None:  # corrupt: held until unchanged for a TTL; a newer format, for ever
+            return 0.0 if stored.newer_format is not None else max(0.0, now - seen.since - ttl)
+        if rec.owner == self.name and rec.incarnation in self.own_epochs():
+            return 0.0
+        if rec.renewal == "node":
+            silent = self.epochs.silent_for((rec.owner or "", rec.incarnation or ""), now)
+            return max(0.0, silent - max(ttl, rec.ttl))
+        return max(0.0, now - seen.since - max(ttl, rec.ttl))
