@@ -2,7 +2,8 @@
 `Runner`, several nodes in one virtual-time event loop against one
 `MemoryBackend`, with injected faults, a recording host, and invariant checks.
 
-    from shardlease.sim import run_scenario, Crash, Pause, StoreFault, HostFault, Join, Leave
+    from shardlease.sim import (run_scenario, Crash, Pause, StoreFault, HostFault, Join, Leave,
+                                Reconfigure, Corrupt)
 
     result = run_scenario(
         nodes=3,                 # initial nodes n0..n{nodes-1}, started within the first interval
@@ -22,10 +23,15 @@
             Join(at=140, node="n3", wall_skew=-300.0),   # a new node
             Join(at=145, node="n1"),     # the crashed n1 restarts: label "n1#1"
             Leave(at=150, node="n0"),    # graceful stop()
+            Reconfigure(at=160, node=None,   # options changed in place (None: every node,
+                        changes=(("lease_ttl", 90.0),)),   # and the nodes that start later)
+            Corrupt(at=170, shard=5, how="garbage"),   # the lease record overwritten
+                                         # (or "truncated", "invalid": see faults.Corrupt)
         ],                         # a fault naming a node not running is ignored
         wall_skews={"n0": 120.0},  # per initial node
         settle=None,               # after the last fault; default 2*ttl + 4*interval
         recovery_bound=None,       # (d)'s bound; default ttl + 2*interval
+                                   # (both with the largest TTL and interval configured)
         quiet=True,                # the "shardlease" logger at CRITICAL while it runs
     ) -> ScenarioResult
 
@@ -54,6 +60,14 @@ gracefully (and is checked for what it left behind). `ScenarioResult` has:
   `quiescence` (the `Snapshot` checked), `figures()` (JSON-friendly),
   `format_trace()`.
 
+Swarm testing (`shardlease.sim.swarm`): `draw_case(rng)` draws a `SwarmCase`
+(sizes, options, renewal mode and up to six faults of a random subset of the
+fault kinds, `swarm.KINDS`) from a `random.Random`; `case_for(seed)` is the
+case of a seed, the same in every process; `SwarmCase.run()` runs it. The
+explorer, `python -m shardlease.sim.explore`, runs such cases until a time
+budget is spent and prints the seed of each one that breaks an invariant
+(see its docstring).
+
 Lower layers: `vloop.VirtualTimeLoop` / `run_virtual` (the virtual clock),
 `world.World` (nodes, faulty stores, recording hosts, crash and pause models:
 read its docstring), `check` (the invariants).
@@ -74,14 +88,15 @@ from shardlease.sim.faults import (
     StoreFault,
 )
 from shardlease.sim.scenario import BalanceFigure, ScenarioResult, run_scenario
+from shardlease.sim.swarm import SwarmCase, case_for, draw_case
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop, run_virtual
 from shardlease.sim.world import TraceEvent
 
 __all__ = [
     "LEASE_WRITES",
-    "Corrupt",
     "STORE_CALLS",
     "BalanceFigure",
+    "Corrupt",
     "Crash",
     "Fault",
     "HostFault",
@@ -93,8 +108,11 @@ __all__ = [
     "ScenarioResult",
     "SimulationStuck",
     "StoreFault",
+    "SwarmCase",
     "TraceEvent",
     "VirtualTimeLoop",
+    "case_for",
+    "draw_case",
     "run_scenario",
     "run_virtual",
 ]

@@ -100,9 +100,11 @@ class Leave:
 class Reconfigure:
     """At `at`, `node`'s loop (every running node's if None) gets its options
     with `changes` ((option, value) pairs, e.g. (("lease_ttl", 30.0),)) applied
-    in place (`PlacementLoop.reconfigure`). Nodes that join later start with
-    the scenario's options. The shard count is not for this (the checks of
-    quiescence count the scenario's)."""
+    in place (`PlacementLoop.reconfigure`). A change that is invalid with a
+    node's options of the moment is recorded (reconfigure_invalid) and skipped.
+    Nodes that join later start with the scenario's options and every change
+    made with `node` None (the cluster's spec). The shard count is not for
+    this (the checks of quiescence count the scenario's)."""
 
     at: float
     node: str | None
@@ -116,10 +118,22 @@ class Reconfigure:
 @dataclass(frozen=True)
 class Corrupt:
     """At `at`, the lease record of `shard` is overwritten with bytes that are
-    no lease (a new version): a hand edit, a bad tool, a disk error."""
+    no lease (a new version): a hand edit, a bad tool, a disk error. `how`:
+    "garbage" (nothing of the record left, its generation neither), "truncated"
+    (its first half: JSON cut short, the generation often still in it) or
+    "invalid" (the same JSON with its ttl made a string: every field but one
+    still readable). A shard without a record gets garbage."""
 
     at: float
     shard: int
+    how: str = "garbage"
+
+    def __post_init__(self) -> None:
+        if self.how not in CORRUPTIONS:
+            raise ValueError(f"unknown corruption {self.how!r}; use one of {CORRUPTIONS}")
+
+
+CORRUPTIONS = ("garbage", "truncated", "invalid")
 
 
 Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure | Corrupt

@@ -13,14 +13,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from shardlease.errors import ConfigError
-from shardlease.options import Options
+from shardlease.options import Options, describe_validation_error
 from shardlease.records import Renewal
 from shardlease.sim.check import (
+    EPSILON,
     Recovery,
     check_fenced_closes,
     check_quiescence,
     check_trace,
+    deadlines,
     recoveries,
 )
 from shardlease.sim.faults import (
@@ -206,6 +210,7 @@ async def _scenario(
     actions.sort(key=lambda a: (a[0], a[1]))
     leaving: list[asyncio.Task[None]] = []
     margins = [opts.margin_s]  # every margin in force at some time (Reconfigure)
+    ttls, intervals = [ttl], [interval_s]  # likewise every TTL and interval
 
     async def until(at: float) -> None:
         delay = t0 + at - loop.time()
@@ -218,7 +223,10 @@ async def _scenario(
             case Join(node=name, wall_skew=skew):
                 current = world.node(name)
                 if current is None or current.status not in ("running", "leaving"):
-                    world.start(name, skew)
+                    started_opts = world.start(name, skew).loop.options
+                    ttls.append(started_opts.lease_ttl)
+                    intervals.append(started_opts.interval_s)
+                    margins.append(started_opts.margin_s)
             case Leave(node=name):
                 if (n := world.node(name)) is not None and (task := world.leave(n)):
                     leaving.append(task)
@@ -228,25 +236,51 @@ async def _scenario(
             case Pause(node=name, duration=d):
                 if (n := world.node(name)) is not None and n.status in ("running", "leaving"):
                     world.pause(n, d)
-            case Corrupt(shard=shard):
+            case Corrupt(shard=shard, how=how):
                 if shard < shards:
-                    world.corrupt(shard)
+                    world.corrupt(shard, how)
             case StoreFault() | HostFault():
                 world.record("*", "fault", value=fault_end(f), detail=repr(f))
             case Reconfigure(node=only, changes=changes):
                 targets = [n for n in world.live_nodes() if only in (None, n.name)]
+                applied = True
                 for n in targets:
-                    new = Options.model_validate({**n.loop.options.model_dump(), **dict(changes)})
+                    try:
+                        new = Options.model_validate({**n.loop.options.model_dump(),
+                                                      **dict(changes)})
+                    except ValidationError as e:  # (a combination invalid with its options)
+                        world.record(n.label, "reconfigure_invalid",
+                                     detail=describe_validation_error(e, "option"))
+                        applied = False
+                        continue
                     try:
                         n.loop.reconfigure(new)
                     except ConfigError as e:  # (node mode: a margin its epoch cannot hold)
                         world.record(n.label, "reconfigure_refused", detail=str(e))
+                        applied = False
                         continue
                     margins.append(new.margin_s)
+                    ttls.append(new.lease_ttl)
+                    intervals.append(new.interval_s)
                     world.record(n.label, "reconfigure", detail=repr(dict(changes)))
+                if only is None and applied:
+                    # The cluster's spec changed: nodes that start later get it.
+                    # (Not a change some node refused: the nodes would then
+                    # differ for good, and (c)'s balance assumes they judge
+                    # liveness alike.)
+                    try:
+                        Options.model_validate({**world.options("check").model_dump(),
+                                                **dict(changes)})
+                    except ValidationError:
+                        pass
+                    else:
+                        world.changes.update(changes)
 
     last = max([a[0] for a in actions] + [fault_end(f) for f in faults] + [0.0])
-    await until(last + (settle if settle is not None else 2 * ttl + 4 * interval_s))
+    # The longest TTL and interval any node had (a Reconfigure may have raised
+    # them): what a crashed node's leases may take to expire.
+    ttl_max, interval_max = max(ttls), max(intervals)
+    await until(last + (settle if settle is not None else 2 * ttl_max + 4 * interval_max))
     world.record("*", "quiescent")
     snapshot = world.snapshot()
     quiet_problems = check_quiescence(snapshot, shards)
@@ -256,10 +290,11 @@ async def _scenario(
         if (task := world.leave(n)) is not None:
             leaving.append(task)
     if leaving:
-        _, pending = await asyncio.wait(leaving, timeout=4 * ttl + 10 * interval_s)
+        stop_bound = 4 * ttl_max + 10 * interval_max
+        _, pending = await asyncio.wait(leaving, timeout=stop_bound)
         if pending:
             world.violations.append(f"{loop.time() - t0:.3f}: graceful stops did not finish "
-                                    f"within {4 * ttl + 10 * interval_s:g}s")
+                                    f"within {stop_bound:g}s")
     for n in world.nodes:
         if n.status in ("running", "leaving", "died"):
             await world.crash(n)  # clean up whatever is left, without a trace of politeness
@@ -267,11 +302,13 @@ async def _scenario(
 
     trace = world.trace
     recs = recoveries(trace)
-    bound = recovery_bound if recovery_bound is not None else ttl + 2 * interval_s
+    bound = recovery_bound if recovery_bound is not None else ttl_max + 2 * interval_max
     problems = list(world.violations) + quiet_problems + check_trace(trace)
-    # The smallest margin: a deadline's own margin may be larger, never smaller.
-    problems += check_fenced_closes(trace, min(margins))
-    problems += _check_recoveries(recs, faults, actions, world, bound, ttl)
+    if len(set(margins)) == 1:
+        problems += check_fenced_closes(trace, margins[0])
+    else:  # each deadline against the margin it was given with (Reconfigure)
+        problems += _check_fenced_closes(trace, world)
+    problems += _check_recoveries(recs, faults, actions, world, bound, ttl_max)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",
@@ -287,6 +324,36 @@ async def _scenario(
         rounds=dict(world.rounds), requests_per_round=per_round,
         request_times={n.label: list(n.store.times) for n in world.nodes}, counts=dict(counts),
         end=end, real_seconds=0.0)
+
+
+def _check_fenced_closes(trace: list[TraceEvent], world: World) -> list[str]:
+    """(l) as `check.check_fenced_closes`, but each fenced deadline against the
+    margin the runner gave it (`World.margin_at`), not one margin for all: a
+    Reconfigure changes the margin of the deadlines given from then on only,
+    and a lease's expiry is its deadline plus that margin."""
+    dl = deadlines(trace)
+    fenced: dict[tuple[str, int], tuple[float, float]] = {}
+    problems = []
+    for i, ev in enumerate(trace):
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "self_fence":
+                d = dl.at(ev.node, ev.shard, i)
+                m = world.margin_at(ev.node, ev.shard, i)
+                if d is not None and m is not None:
+                    fenced[key] = (d, m)
+            case "closed" if key in fenced:
+                d, m = fenced.pop(key)
+                if ev.t > d + m + EPSILON:
+                    problems.append(f"(l) {ev.node} shard {ev.shard}: fenced at {d:.3f} but "
+                                    f"closed only at {ev.t:.3f}, after {d + m:.3f} when "
+                                    f"its lease could be taken (margin {m:g})")
+            case "crash":
+                for k in [k for k in fenced if k[0] == ev.node]:
+                    del fenced[k]
+            case _:
+                pass
+    return problems
 
 
 def _check_recoveries(recs: list[Recovery], faults: list[Fault],

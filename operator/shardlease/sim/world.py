@@ -31,7 +31,9 @@ compared for equality, so the trace is a function of the seed.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
+import json
 import math
 import random
 from collections.abc import Awaitable, Callable
@@ -175,6 +177,7 @@ class SimNode:
         def start_recorded(shard: int, generation: int, deadline: float) -> None:
             start(shard, generation, deadline)
             self._record("deadline", shard, generation, deadline, "claim")
+            self._record_margin(shard)
 
         def extend_recorded(shard: int, deadline: float) -> None:
             before = runner.deadline(shard)
@@ -182,9 +185,19 @@ class SimNode:
             after = runner.deadline(shard)
             if after is not None and after != before:
                 self._record("deadline", shard, -1, after, "renew")
+                self._record_margin(shard)
 
         setattr(runner, "start", start_recorded)  # noqa: B010 - instance override
         setattr(runner, "extend", extend_recorded)  # noqa: B010
+
+    def _record_margin(self, shard: int) -> None:
+        """The margin the deadline just recorded was given with (the runner's
+        now): the lease's expiry in this node's eyes is that deadline plus it."""
+        margin = self.loop.runner.margin
+        if margin is not None:
+            idx, vals = self.world.margins.setdefault((self.label, shard), ([], []))
+            idx.append(len(self.world.trace) - 1)
+            vals.append(margin)
 
     def _on_event(self, ev: Event) -> None:
         if self.status in ("crashed", "died"):
@@ -408,6 +421,13 @@ class World:
     violations: list[str] = field(default_factory=list)
     rounds: dict[str, int] = field(default_factory=dict)
     balanced: bool = False
+    #: Option changes made to every node (a Reconfigure of node None): the
+    #: cluster's spec, which nodes that start later get too.
+    changes: dict[str, Any] = field(default_factory=dict)
+    #: Per (label, shard), the trace index of each deadline recorded and the
+    #: margin the runner gave it (`margin_at`).
+    margins: dict[tuple[str, int], tuple[list[int], list[float]]] = field(
+        default_factory=dict)
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -415,10 +435,22 @@ class World:
         return asyncio.get_running_loop().time()
 
     def options(self, name: str) -> Options:
-        return Options(shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
+        base = Options(shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
                        margin=self.margin, name=name, cluster_name=CLUSTER,
                        max_concurrency=self.max_concurrency, open_timeout=self.open_timeout,
                        close_timeout=self.close_timeout, renewal=self.renewal)
+        if not self.changes:
+            return base
+        return Options.model_validate({**base.model_dump(), **self.changes})
+
+    def margin_at(self, node: str, shard: int, index: int) -> float | None:
+        """The margin of the deadline last recorded for (node, shard) before
+        trace index `index` (None: none recorded, or an unbounded runner)."""
+        found = self.margins.get((node, shard))
+        if found is None:
+            return None
+        pos = bisect.bisect_left(found[0], index)
+        return found[1][pos - 1] if pos else None
 
     def record(self, node: str, kind: str, shard: int = -1, generation: int = -1,
                value: float = 0.0, detail: str = "") -> None:
@@ -633,11 +665,22 @@ class World:
         if beat:
             self.violations.append(f"{t}: stopped but its heartbeat is still there")
 
-    def corrupt(self, shard: int) -> None:
-        """Overwrite the lease record of `shard` with garbage (a new version)."""
-        self.backend.leases[(CLUSTER, shard)] = (self.backend.next_version(),
-                                                 b"\x00 not a lease \xff")
-        self.record("*", "corrupted", shard)
+    def corrupt(self, shard: int, how: str = "garbage") -> None:
+        """Overwrite the lease record of `shard` with bytes that are no lease
+        (a new version; `how` as in `faults.Corrupt`)."""
+        found = self.backend.leases.get((CLUSTER, shard))
+        data = b"\x00 not a lease \xff"
+        if found is not None and how == "truncated":
+            data = found[1][:len(found[1]) // 2]
+        elif found is not None and how == "invalid":
+            try:
+                fields = json.loads(found[1])
+            except ValueError:
+                fields = None
+            if isinstance(fields, dict):
+                data = json.dumps({**fields, "ttl": "not a number"}).encode()
+        self.backend.leases[(CLUSTER, shard)] = (self.backend.next_version(), data)
+        self.record("*", "corrupted", shard, detail=how)
 
     def read_leases(self) -> dict[int, Lease | None]:
         out: dict[int, Lease | None] = {}

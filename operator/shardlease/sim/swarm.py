@@ -1,0 +1,326 @@
+"""Swarm testing: random scenarios whose faults come from a random subset of
+the fault kinds, so that combinations of two or three ordinary things at once
+(a TTL cut in place while one node's epoch writes fail, a lease listing that
+fails while writes work, lease writes failing while a node joins, a lease
+record corrupted under its owner) are drawn often, not once in a thousand.
+
+`draw_case(rng)` draws one `SwarmCase` from a `random.Random`; everything
+about the case (sizes, options, renewal mode, the simulation's seed, the
+faults) comes from that generator, so `case_for(seed)` is the same case in
+every process: the explorer (`python -m shardlease.sim.explore`) and the
+property test (tests/sim/test_properties.py) share it, and a seed is a
+reproducer.
+
+Each case first draws a non-empty subset of `KINDS`, then one fault of each
+kind in it, then more faults of those kinds, up to `MAX_FAULTS` draws, in a
+random order. Fault times are scaled to the case's TTL (drawn from
+`BASE_TTLS`): each fault comes a moment to two TTLs after the one before, so
+that they act together.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from shardlease.records import Renewal
+from shardlease.sim.faults import (
+    CORRUPTIONS,
+    LEASE_WRITES,
+    Corrupt,
+    Crash,
+    Fault,
+    HostFault,
+    Join,
+    Leave,
+    Pause,
+    Reconfigure,
+    StoreFault,
+)
+from shardlease.sim.scenario import ScenarioResult, run_scenario
+
+#: The fault kinds a swarm case draws a subset of.
+KINDS: tuple[str, ...] = (
+    "crash",
+    "pause",
+    "store_all",  # every store call of a node (or all nodes) slow or failing
+    "store_one",  # one group of store calls failing (see CALL_GROUPS), the rest healthy
+    "lost_answers",  # calls applied by the store whose answers are lost, nothing else
+    "stale",  # a node's listings frozen (a lagging cache or watch)
+    "host",  # the application slow or failing to open and close, or refusing shards
+    "join",
+    "leave",
+    "reconfigure_ttl",  # lease_ttl changed in place (interval and margin follow, or explicit)
+    "reconfigure_interval",
+    "reconfigure_margin",
+    "corrupt",  # a lease record overwritten with garbage
+)
+
+#: The groups of store calls a one-call-kind fault picks from (a fault takes
+#: a whole group, or one call of it).
+CALL_GROUPS: dict[str, tuple[frozenset[str], ...]] = {
+    "listing": (frozenset({"list_leases"}), frozenset({"list_epochs"}),
+                frozenset({"list_heartbeats"})),
+    "lease_writes": (LEASE_WRITES,),
+    "epoch_writes": (frozenset({"create_epoch", "update_epoch"}),),
+    "heartbeat_writes": (frozenset({"put_heartbeat"}),),
+    "gets": (frozenset({"get_lease", "get_epoch"}),),
+    "deletes": (frozenset({"delete_heartbeat", "delete_epoch"}),),
+}
+
+#: How often a one-call-kind fault picks each group, per renewal mode (1 if
+#: not named): the calls that keep the mode's leases come first.
+GROUP_WEIGHTS: dict[str, dict[str, float]] = {
+    "node": {"epoch_writes": 3.0, "listing": 2.0, "lease_writes": 2.0},
+    "shard": {"lease_writes": 3.0, "listing": 2.0, "epoch_writes": 0.3},
+}
+
+#: The base lease TTLs (interval and margin follow, or an explicit valid combo).
+BASE_TTLS: tuple[float, ...] = (15.0, 15.0, 90.0, 90.0, 30.0, 6.0)
+#: Explicit (lease_ttl, interval, margin) combinations, all valid.
+COMBOS: tuple[tuple[float, float, float], ...] = (
+    (30.0, 4.0, 2.0), (9.0, 2.0, 1.0), (60.0, 15.0, 20.0), (120.0, 20.0, 10.0),
+    (15.0, 3.0, 1.0), (90.0, 10.0, 5.0))
+#: TTLs a Reconfigure may set (interval and margin then follow it).
+NEW_TTLS: tuple[float, ...] = (6.0, 9.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0)
+MAX_FAULTS = 6
+JOINERS = ("j0", "j1")
+
+
+@dataclass(frozen=True)
+class SwarmCase:
+    """One scenario; `run()` simulates and checks it. `origin` is the seed
+    it was drawn from (None for a hand-made case), `kinds` the subset."""
+
+    nodes: int
+    shards: int
+    seed: int  # the simulation's seed
+    lease_ttl: float
+    interval: float | None
+    margin: float | None
+    max_concurrency: int
+    renewal: Renewal
+    faults: tuple[Fault, ...]
+    kinds: tuple[str, ...] = ()
+    origin: int | None = field(default=None, compare=False)
+
+    def run(self) -> ScenarioResult:
+        return run_scenario(nodes=self.nodes, shards=self.shards, seed=self.seed,
+                            lease_ttl=self.lease_ttl, interval=self.interval,
+                            margin=self.margin, max_concurrency=self.max_concurrency,
+                            renewal=self.renewal, faults=self.faults)
+
+    def describe(self) -> str:
+        """The case on a few lines: options, kinds, one fault a line."""
+        opts = f"lease_ttl={self.lease_ttl:g}"
+        if self.interval is not None or self.margin is not None:
+            opts += f" interval={self.interval} margin={self.margin}"
+        lines = [f"case {self.origin}: nodes={self.nodes} shards={self.shards} seed={self.seed} "
+                 f"{opts} max_concurrency={self.max_concurrency} renewal={self.renewal}",
+                 f"kinds: {', '.join(self.kinds)}", "faults:"]
+        lines += [f"  {f!r}" for f in self.faults]
+        return "\n".join(lines)
+
+    def reproducer(self) -> str:
+        """A command that replays this case (a drawn one), else its repr."""
+        if self.origin is None:
+            return repr(self)
+        return f"python -m shardlease.sim.explore --replay {self.origin} --renewal {self.renewal}"
+
+
+def case_for(seed: int, renewal: Renewal | None = None, kinds: Sequence[str] | None = None,
+             pool: Sequence[str] = KINDS) -> SwarmCase:
+    """The case drawn from `seed` (see `draw_case`)."""
+    return draw_case(random.Random(seed), renewal=renewal, kinds=kinds, pool=pool, origin=seed)
+
+
+def draw_case(rng: random.Random, *, renewal: Renewal | None = None,
+              kinds: Sequence[str] | None = None, pool: Sequence[str] = KINDS,
+              origin: int | None = None) -> SwarmCase:
+    """Draw one case: its renewal mode is `renewal` if given; its kinds of
+    faults the subset `kinds` if given, else a subset drawn from `pool`."""
+    nodes = rng.choice((1, 2, 2, 3, 3, 3, 4, 4, 5, 6))
+    # Per node: below one (idle nodes), about one, or many.
+    shards = min(64, max(1, round(nodes * rng.choice((0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)))))
+    seed = rng.getrandbits(32)
+    mode: Renewal = rng.choice(("shard", "node"))
+    if renewal is not None:
+        mode = renewal
+    interval: float | None = None
+    margin: float | None = None
+    if rng.random() < 0.2:
+        ttl, interval, margin = rng.choice(COMBOS)
+    else:
+        ttl = rng.choice(BASE_TTLS)
+    concurrency = rng.choice((1, 4, 16))
+    if kinds is None:
+        size = rng.choice((1, 2, 2, 3, 3, 3, 4, 4, 5))
+        chosen = tuple(rng.sample(list(pool), min(size, len(pool))))
+    else:
+        chosen = tuple(kinds)
+    draws = rng.randint(len(chosen), max(MAX_FAULTS, len(chosen)))
+    plan = list(chosen) + [rng.choice(chosen) for _ in range(draws - len(chosen))]
+    rng.shuffle(plan)
+    names = [f"n{k}" for k in range(nodes)]
+    joiners = [j for j in JOINERS if "join" in chosen and rng.random() < 0.6]
+    drawer = _Drawer(rng, names, [*names, *joiners], shards, ttl,
+                     interval if interval is not None else ttl / 3, mode)
+    faults: list[Fault] = []
+    for kind in plan:
+        faults.extend(drawer.draw(kind))
+    faults.sort(key=lambda f: f.at)
+    return SwarmCase(nodes=nodes, shards=shards, seed=seed, lease_ttl=ttl, interval=interval,
+                     margin=margin, max_concurrency=concurrency, renewal=mode,
+                     faults=tuple(faults), kinds=chosen, origin=origin)
+
+
+class _Drawer:
+    def __init__(self, rng: random.Random, initial: list[str], names: list[str], shards: int,
+                 ttl: float, interval: float, mode: Renewal) -> None:
+        self.rng, self.initial, self.names, self.shards = rng, initial, names, shards
+        self.ttl, self.interval = ttl, interval
+        groups = sorted(CALL_GROUPS)
+        self.groups, self.weights = groups, [GROUP_WEIGHTS[mode].get(g, 1.0) for g in groups]
+        # The faults come one after another, from during the start or after
+        # it, each a moment to a couple of TTLs after the one before: in the
+        # order drawn, close enough to act together (a TTL cut, then a node's
+        # epoch writes failing, then a leave while they do).
+        self.cursor = round(interval * rng.choice((0.5, 2.0, 2.0, 4.0)), 1)
+        self._kinds: dict[str, Callable[[], list[Fault]]] = {
+            "crash": self.crash, "pause": self.pause, "store_all": self.store_all,
+            "store_one": self.store_one, "lost_answers": self.lost_answers,
+            "stale": self.stale, "host": self.host, "join": self.join, "leave": self.leave,
+            "reconfigure_ttl": self.reconfigure_ttl,
+            "reconfigure_interval": self.reconfigure_interval,
+            "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
+        }
+
+    def draw(self, kind: str) -> list[Fault]:
+        return self._kinds[kind]()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def at(self) -> float:
+        gap = self.ttl * self.rng.choice((0.0, 0.05, 0.1, 0.2, 0.3, 0.6, 1.0, 2.0))
+        self.cursor = round(self.cursor + gap * self.rng.uniform(0.5, 1.5), 1)
+        return self.cursor
+
+    def window(self) -> float:
+        return round(self.ttl * self.rng.choice((0.3, 0.7, 1.0, 1.5, 2.0, 4.0)), 1)
+
+    def node(self) -> str:
+        return self.rng.choice(self.names)
+
+    def node_or_all(self) -> str | None:
+        return None if self.rng.random() < 0.3 else self.node()
+
+    def calls(self) -> frozenset[str]:
+        group = CALL_GROUPS[self.rng.choices(self.groups, self.weights)[0]]
+        calls = self.rng.choice(group)
+        if len(calls) > 1 and self.rng.random() < 0.3:
+            calls = frozenset({self.rng.choice(sorted(calls))})  # one call of the group
+        return calls
+
+    # -- the kinds -------------------------------------------------------------------
+
+    def crash(self) -> list[Fault]:
+        return [Crash(self.at(), self.node())]
+
+    def pause(self) -> list[Fault]:
+        d = self.rng.choice((2.0, 0.3 * self.ttl, 0.7 * self.ttl, 1.5 * self.ttl, 3 * self.ttl))
+        return [Pause(self.at(), self.node(), round(d, 1))]
+
+    def store_all(self) -> list[Fault]:
+        at, rng, t = self.at(), self.rng, self.ttl
+        return [StoreFault(at, at + self.window(), node=self.node_or_all(),
+                           latency=round(t * rng.choice((0.0, 0.0, 0.02, 0.1, 0.3)), 2),
+                           jitter=round(t * rng.choice((0.0, 0.03, 0.1)), 2),
+                           error_rate=rng.choice((0.0, 0.1, 0.5, 1.0)),
+                           lost_reply_rate=rng.choice((0.0, 0.1, 0.3)))]
+
+    def store_one(self) -> list[Fault]:
+        at, rng = self.at(), self.rng
+        return [StoreFault(at, at + self.window(), node=self.node_or_all(),
+                           latency=round(self.ttl * rng.choice((0.0, 0.0, 0.05, 0.3)), 2),
+                           error_rate=rng.choice((0.3, 0.7, 1.0, 1.0)),
+                           lost_reply_rate=rng.choice((0.0, 0.0, 0.3, 1.0)),
+                           calls=self.calls())]
+
+    def lost_answers(self) -> list[Fault]:
+        at, rng = self.at(), self.rng
+        calls = None if rng.random() < 0.4 else self.calls()
+        return [StoreFault(at, at + self.window(), node=self.node_or_all(),
+                           lost_reply_rate=rng.choice((0.3, 0.7, 1.0)), calls=calls)]
+
+    def stale(self) -> list[Fault]:
+        at = self.at()
+        d = self.rng.choice((5.0, 1.5 * self.ttl, 4 * self.ttl))
+        return [StoreFault(at, round(at + d, 1), node=self.node(), stale=True)]
+
+    def host(self) -> list[Fault]:
+        at, rng, t = self.at(), self.rng, self.ttl
+        refuse = frozenset(rng.sample(range(self.shards), 1)) if rng.random() < 0.3 \
+            else frozenset()
+        return [HostFault(at, at + self.window(), node=self.node_or_all(),
+                          open_latency=round(t * rng.choice((0.0, 0.1, 0.5, 1.3)), 2),
+                          close_latency=round(t * rng.choice((0.0, 0.1, 0.3)), 2),
+                          open_error_rate=rng.choice((0.0, 0.2, 0.6)),
+                          close_error_rate=rng.choice((0.0, 0.2, 0.6)), refuse=refuse)]
+
+    def join(self) -> list[Fault]:
+        return [Join(self.at(), self.node(), self.rng.choice((0.0, 0.0, -300.0, 3600.0)))]
+
+    def leave(self) -> list[Fault]:
+        return [Leave(self.at(), self.node())]
+
+    def corrupt(self) -> list[Fault]:
+        return [Corrupt(self.at(), self.rng.randrange(self.shards),
+                        self.rng.choice(CORRUPTIONS))]
+
+    def reconfigure_ttl(self) -> list[Fault]:
+        if self.rng.random() < 0.3:
+            ttl, interval, margin = self.rng.choice(COMBOS)
+            return self.rollout((("lease_ttl", ttl), ("interval", interval), ("margin", margin)))
+        # The interval and margin follow the new TTL.
+        ttl = self.rng.choice([t for t in NEW_TTLS if t != self.ttl])
+        return self.rollout((("lease_ttl", ttl), ("interval", None), ("margin", None)))
+
+    def reconfigure_interval(self) -> list[Fault]:
+        # Valid with the base TTL and margin; after a TTL change it may not be
+        # (the scenario records it as reconfigure_invalid and goes on).
+        value = self.rng.choice((0.1, 0.2, 0.4, 0.6, None))
+        return self.rollout((("interval", None if value is None
+                              else round(self.ttl * value, 2)),))
+
+    def reconfigure_margin(self) -> list[Fault]:
+        value = self.rng.choice((0.05, 0.1, 0.3, 0.5, None))
+        return self.rollout((("margin", None if value is None else round(self.ttl * value, 2)),))
+
+    def rollout(self, changes: tuple[tuple[str, float | int | None], ...]) -> list[Fault]:
+        """The same change on every node at once; or on one node (a canary)
+        and the rest up to a few TTLs later; or on one, a few seconds later on
+        another, then the rest; or on every node one by one with one of them a
+        few seconds late (a rollout). Every change reaches every node in the
+        end, and nodes that start later (a Reconfigure of node None is the
+        cluster's spec): a node left on other options for good may see peers
+        that beat at a slower pace as dead, which costs balance by design."""
+        at, rng = self.at(), self.rng
+        how = rng.choice(("all", "canary", "two", "rollout", "rollout"))
+        if how == "all":
+            return [Reconfigure(at, None, changes)]
+        if how == "canary":
+            rest = round(at + self.ttl * rng.choice((0.3, 1.0, 3.0)), 1)
+            return [Reconfigure(at, self.node(), changes), Reconfigure(rest, None, changes)]
+        if how == "two":
+            first = self.node()
+            second = rng.choice([n for n in self.names if n != first] or [first])
+            then = round(at + rng.uniform(1, 10), 1)
+            rest = round(then + self.ttl * rng.choice((0.3, 1.0, 3.0)), 1)
+            return [Reconfigure(at, first, changes), Reconfigure(then, second, changes),
+                    Reconfigure(rest, None, changes)]
+        late = rng.choice(self.names)
+        then = round(at + rng.uniform(1, 10), 1)
+        return [*(Reconfigure(at, n, changes) for n in self.names if n != late),
+                Reconfigure(then, late, changes),
+                Reconfigure(then, None, changes)]  # (the spec, for the nodes to come)
