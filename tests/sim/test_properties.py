@@ -1,5 +1,11 @@
 """Property tests: random seeds, sizes and fault schedules; every invariant of
-shardlease.sim.check must hold in every one (see the checks' docstring)."""
+shardlease.sim.check must hold in every one (see the checks' docstring).
+
+The swarm test draws its cases with `shardlease.sim.swarm` (a random subset
+of the fault kinds, then up to six faults of those kinds: combinations such
+as a TTL cut in place while one call kind fails), from a seed, the same
+cases `python -m shardlease.sim.explore` runs: a failing seed replays there
+with `--replay SEED --renewal MODE`."""
 
 from __future__ import annotations
 
@@ -18,10 +24,16 @@ from shardlease.sim import (
     Pause,
     ScenarioResult,
     StoreFault,
+    case_for,
     run_scenario,
 )
+from shardlease.sim.swarm import KINDS
+from tests.sim.regressions import PENDING_KINDS
 
 TTL = 15.0
+#: The fault kinds the swarm test draws from: all but those of open bugs
+#: (tests/sim/regressions.py: their cases are pending there).
+SWARM_POOL = [k for k in KINDS if k not in PENDING_KINDS]
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     print_blob=True)
 
@@ -96,10 +108,24 @@ def check(case: Case) -> ScenarioResult:
     return result
 
 
-@settings(SETTINGS, max_examples=300)
+@settings(SETTINGS, max_examples=150)
 @given(cases())
 def test_every_invariant_holds_under_any_fault_schedule(case: Case) -> None:
     check(case)
+
+
+@settings(SETTINGS, max_examples=150)
+@given(seed=st.integers(0, 2**32 - 1), renewal=st.sampled_from(["shard", "node"]))
+def test_every_invariant_holds_in_swarm_cases(seed: int, renewal: Renewal) -> None:
+    # Each case: a random subset of the fault kinds (swarm.KINDS: crash, pause,
+    # store faults of every call, of one call kind, lost answers only, stale
+    # listings, host faults, join, leave, TTL / interval / margin changed in
+    # place, corrupt records; but the kinds of open bugs, PENDING_KINDS),
+    # base TTL 6 to 120 s, up to six faults.
+    case = case_for(seed, renewal, pool=SWARM_POOL)
+    note(f"{case.reproducer()}\n{case.describe()}")
+    result = case.run()
+    assert result.violations == [], "\n".join(result.violations)
 
 
 @settings(SETTINGS, max_examples=80)

@@ -1,0 +1,211 @@
+"""Regression cases for the simulation: every case the explorer
+(`python -m shardlease.sim.explore`) ever found, once its bug is fixed, and a
+few hand-made cases of the combinations the explorer is meant to draw.
+tests/sim/test_explore.py runs each one (`test_regression`) and asserts no
+invariant breaks.
+
+Add a found case as the entry `python -m shardlease.sim.explore --replay SEED
+...` prints at its end (`Regression("seed-SEED", note, SwarmCase(...))`: the
+case itself, since a seed names another case once the drawing code changes),
+with a note of what it exercises and what broke. A case whose bug is not
+fixed yet goes into PENDING instead: the suite expects it to fail
+(test_pending_cases_still_fail, strict), so its fix fails that test until
+the case moves to REGRESSIONS. PENDING_KINDS are the fault kinds the swarm
+property test leaves out while such a bug is open (the explorer draws them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlease.records import Renewal
+from shardlease.sim import (
+    LEASE_WRITES,
+    Corrupt,
+    Fault,
+    Join,
+    Leave,
+    Reconfigure,
+    StoreFault,
+    SwarmCase,
+)
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A case and what it exercises. Found ones are named seed-<case seed>
+    and hold the case itself, as `--replay` prints it: a seed names another
+    case once the drawing code (shardlease.sim.swarm) changes."""
+
+    name: str
+    note: str
+    case: SwarmCase
+
+
+def _case(renewal: Renewal, faults: list[Fault], *, nodes: int = 3, shards: int = 8,
+          seed: int = 1, lease_ttl: float = 15.0, kinds: tuple[str, ...] = ()) -> SwarmCase:
+    return SwarmCase(nodes=nodes, shards=shards, seed=seed, lease_ttl=lease_ttl, interval=None,
+                     margin=None, max_concurrency=16, renewal=renewal,
+                     faults=tuple(faults), kinds=kinds)
+
+
+def _ttl_cut(first: float, late: str, nodes: int, to: float = 15.0,
+             delay: float = 2.5) -> list[Fault]:
+    """Every node's lease_ttl cut in place (interval and margin follow), one of
+    them `delay` seconds after the others, as a rollout does."""
+    change = (("lease_ttl", to), ("interval", None), ("margin", None))
+    names = [f"n{k}" for k in range(nodes)]
+    return [*(Reconfigure(first, n, change) for n in names if n != late),
+            Reconfigure(first + delay, late, change), Reconfigure(first + delay, None, change)]
+
+
+CUT_TO_6 = (("lease_ttl", 6.0), ("interval", None), ("margin", None))
+
+REGRESSIONS: list[Regression] = [
+    Regression("ttl-cut-while-epoch-writes-fail",
+               "node mode, TTL 90 -> 15 in place on every node (n0 2.5 s late) while n0's epoch "
+               "writes fail and a node leaves: a collected epoch's later leases (the review's A)",
+               _case("node", [*_ttl_cut(150.0, "n0", 4),
+                              StoreFault(160, 320, node="n0", error_rate=1.0,
+                                         calls=frozenset({"update_epoch", "create_epoch"})),
+                              Leave(196.0, "n2")],
+                     nodes=4, shards=3, lease_ttl=90.0,
+                     kinds=("reconfigure_ttl", "store_one", "leave"))),
+    Regression("ttl-cut-while-renewal-answers-are-lost",
+               "shard mode, TTL 90 -> 15 in place (n1 late) while n0's renewals land unheard "
+               "and its read-backs fail",
+               _case("shard", [*_ttl_cut(100.0, "n1", 3),
+                               StoreFault(95, 200, node="n0", lost_reply_rate=1.0,
+                                          calls=frozenset({"update_lease"})),
+                               StoreFault(95, 200, node="n0", error_rate=1.0,
+                                          calls=frozenset({"get_lease"}))],
+                     shards=6, lease_ttl=90.0,
+                     kinds=("reconfigure_ttl", "lost_answers", "store_one"))),
+    Regression("epoch-listing-fails-while-writes-work",
+               "node mode, n0's list_epochs failing for a minute (its writes fine) while n1 leaves "
+               "(the review's D: the share must not widen)",
+               _case("node", [StoreFault(60, 120, node="n0", error_rate=1.0,
+                                         calls=frozenset({"list_epochs"})), Leave(80, "n1")],
+                     shards=12, seed=3, kinds=("store_one", "leave"))),
+    Regression("lease-listing-fails-while-writes-work",
+               "shard mode, n0's list_leases failing for 40 s while n2 leaves",
+               _case("shard", [StoreFault(50, 90, node="n0", error_rate=1.0,
+                                          calls=frozenset({"list_leases"})), Leave(60, "n2")],
+                     shards=12, seed=4, kinds=("store_one", "leave"))),
+    Regression("lease-writes-fail-while-a-node-joins-shard",
+               "shard mode, n0's lease writes failing for 145 s from before a join (the "
+               "review's E; the invariants only: E is about shards left open nowhere, which no "
+               "invariant times)",
+               _case("shard", [StoreFault(60, 205, node="n0", error_rate=1.0, calls=LEASE_WRITES),
+                               Join(70, "n2")],
+                     nodes=2, shards=6, seed=5, kinds=("store_one", "join"))),
+    Regression("lease-writes-fail-while-a-node-joins-node",
+               "node mode, the same",
+               _case("node", [StoreFault(60, 205, node="n0", error_rate=1.0, calls=LEASE_WRITES),
+                              Join(70, "n2")],
+                     nodes=2, shards=6, seed=5, kinds=("store_one", "join"))),
+    Regression("corrupt-record-under-a-shard-mode-owner",
+               "shard mode, the records of three held shards made invalid (their generation "
+               "still readable): the owners give them up, peers claim over them (the review's F)",
+               _case("shard", [Corrupt(60, 0, "invalid"), Corrupt(61, 5, "truncated"),
+                               Corrupt(62, 9, "invalid")],
+                     shards=12, seed=7, kinds=("corrupt",))),
+    Regression("corrupt-record-under-a-node-mode-owner",
+               "node mode, the same: an owner whose record a listing shows changed reads it "
+               "again and gives the shard up (the review's F)",
+               _case("node", [Corrupt(60, 0, "invalid"), Corrupt(61, 5, "truncated"),
+                              Corrupt(62, 9, "invalid")],
+                     shards=12, seed=7, kinds=("corrupt",))),
+    # Found by the explorer on 5e79b4f (before a5df8db fixed finding A), in
+    # 10 minutes of --renewal node --kinds reconfigure_ttl,store_one,leave.
+    Regression("seed-961192410",
+               "node mode, a canary TTL cut 90 -> 6 on n0 (the rest 90 s later): n0 collected "
+               "its peers' epochs, silent by its new TTL, and took their leases: (a) two owners",
+               SwarmCase(nodes=5, shards=25, seed=3440657495, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=16, renewal="node", faults=(
+                             Leave(at=21.2, node="n1"),
+                             Reconfigure(at=21.2, node="n1", changes=CUT_TO_6),
+                             Reconfigure(at=30.3, node="n0", changes=CUT_TO_6),
+                             StoreFault(at=67.0, until=157.0, node="n1", latency=4.5,
+                                        error_rate=0.7, lost_reply_rate=1.0,
+                                        calls=frozenset({"list_epochs"})),
+                             Reconfigure(at=120.3, node=None, changes=CUT_TO_6)),
+                         kinds=("reconfigure_ttl", "store_one", "leave"), origin=961192410)),
+]
+
+#: Found or made cases whose bug is known and not fixed yet: each must still
+#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
+PENDING: list[Regression] = [
+    # G: a record overwritten with garbage keeps no generation, and the next
+    # claim over it starts again from 1 (or from what the claimer last knew):
+    # a generation two owners are given, one after the other ((b)). Both modes.
+    Regression("seed-3665181300",
+               "shard mode, corrupt: (b) shard 1: n1 asked to open generation 1 at 53.082 "
+               "after n0 opened generation 1 at 8.804 (a garbage record over generation 1)",
+               SwarmCase(nodes=2, shards=4, seed=331236401, lease_ttl=15.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="shard", faults=(
+                             Corrupt(at=10.9, shard=0, how="invalid"),
+                             Corrupt(at=11.7, shard=0, how="truncated"),
+                             Corrupt(at=11.7, shard=1, how="garbage"),
+                             Corrupt(at=32.7, shard=1, how="truncated"),
+                             Corrupt(at=39.2, shard=2, how="invalid"),
+                             Corrupt(at=55.6, shard=3, how="garbage")),
+                         kinds=("corrupt",), origin=3665181300)),
+    Regression("seed-1599298893",
+               "node mode, corrupt: (b) shard 3: n4 asked to open generation 1 at 167.155 "
+               "after n1 opened generation 1 at 38.704",
+               SwarmCase(nodes=5, shards=5, seed=468968509, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             Corrupt(at=15.0, shard=4, how="invalid"),
+                             Corrupt(at=46.4, shard=3, how="garbage"),
+                             Corrupt(at=64.0, shard=4, how="garbage"),
+                             Corrupt(at=111.5, shard=2, how="truncated"),
+                             Corrupt(at=116.8, shard=0, how="invalid"),
+                             Corrupt(at=116.8, shard=2, how="truncated")),
+                         kinds=("corrupt",), origin=1599298893)),
+    # H: node mode, a record corrupted under its live owner while the owner
+    # cannot see it (its list_leases failing) or cannot read it back (its
+    # get_lease failing): it keeps the shard on its epoch while a peer, having
+    # seen the corrupt record unchanged for a TTL, claims it: (a) two owners.
+    Regression("corrupt-record-while-its-owner-cannot-list",
+               "node mode, shard 0 corrupted under n0 while n0's list_leases fail for 3 TTLs: "
+               "(a) n2 opens it while n0 still has it open",
+               _case("node", [Corrupt(45.0, 0),
+                              StoreFault(46.0, 91.0, node="n0", error_rate=1.0,
+                                         calls=frozenset({"list_leases"}))],
+                     shards=4, seed=2, kinds=("corrupt", "store_one"))),
+    Regression("seed-3499443969",
+               "node mode, corrupt,store_one: (a) shard 3: open on n2 (generation 2) at 88.025 "
+               "while still open on n1 (generation 1, deadline 185.970) until 165.579 "
+               "(n1's list_leases failing)",
+               SwarmCase(nodes=3, shards=4, seed=3163403619, lease_ttl=30.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             StoreFault(at=5.0, until=50.0, latency=9.0, error_rate=0.7,
+                                        lost_reply_rate=0.3,
+                                        calls=frozenset({"list_heartbeats"})),
+                             Corrupt(at=5.0, shard=2, how="invalid"),
+                             StoreFault(at=40.9, until=160.9, node="n1", latency=9.0,
+                                        error_rate=1.0, calls=frozenset({"list_leases"})),
+                             Corrupt(at=42.5, shard=3, how="invalid"),
+                             Corrupt(at=42.5, shard=2, how="truncated")),
+                         kinds=("corrupt", "store_one"), origin=3499443969)),
+    Regression("seed-1474307277",
+               "node mode, corrupt,store_one: (a) shard 5: open on n0 (generation 2) at 44.664 "
+               "while still open on n2 (generation 1, deadline 49.997) until 45.584 (every "
+               "get_lease failing: n2 saw the change but could not read it back)",
+               SwarmCase(nodes=3, shards=6, seed=1367914813, lease_ttl=6.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="node", faults=(
+                             StoreFault(at=8.2, until=20.2, node="n0", error_rate=0.3,
+                                        calls=frozenset({"create_epoch", "update_epoch"})),
+                             Corrupt(at=17.2, shard=0, how="truncated"),
+                             StoreFault(at=21.4, until=45.4, error_rate=1.0,
+                                        calls=frozenset({"get_lease", "get_epoch"})),
+                             StoreFault(at=29.2, until=33.4, latency=0.3, error_rate=0.7,
+                                        lost_reply_rate=0.3, calls=LEASE_WRITES),
+                             Corrupt(at=30.5, shard=5, how="truncated")),
+                         kinds=("corrupt", "store_one"), origin=1474307277)),
+]
+
+#: The fault kinds of the open bugs above: the swarm property test and the
+#: explorer's clean-tree tests leave them out until the bugs are fixed.
+PENDING_KINDS: tuple[str, ...] = ("corrupt",)

@@ -1,0 +1,143 @@
+"""The explorer (`python -m shardlease.sim.explore`) and what it found.
+
+- Regressions: every case in tests/sim/regressions.py holds every invariant.
+- Check the checker: every patch in tests/sim/mutants/ puts a known bug back
+  into a copy of the package; the explorer must catch it within the budget
+  the patch names (a `# explore: ...` line above its first `diff --git`),
+  and the same cases on the unpatched tree must be clean (the mutant, not
+  some other violation, was caught).
+- The explorer on the unpatched tree finds nothing in a fixed set of cases
+  (leaving out the fault kinds of open bugs, regressions.PENDING_KINDS), and
+  replays a case from its seed.
+- The pending cases (open bugs) still fail: a fix must move them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shardlease
+from shardlease.records import Renewal
+from shardlease.sim import case_for
+from tests.sim.regressions import PENDING, PENDING_KINDS, REGRESSIONS, Regression
+
+PACKAGE = Path(shardlease.__file__).parent
+MUTANTS = sorted((Path(__file__).parent / "mutants").glob("*.patch"))
+#: The explorer's arguments for a patch without its own `# explore:` line.
+DEFAULT_EXPLORE = ["--seconds", "60", "--seed", "1"]
+#: Leaves out the fault kinds of open bugs (regressions.PENDING_KINDS).
+SKIP_PENDING = ["--skip", ",".join(PENDING_KINDS)] if PENDING_KINDS else []
+
+
+def explore(*args: str, pythonpath: Path | None = None,
+            timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "shardlease.sim.explore", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=pythonpath or PACKAGE.parent)
+
+
+def runs(output: str) -> int:
+    found = re.search(r"^runs (\d+) in ", output, re.MULTILINE)
+    assert found, output
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("regression", REGRESSIONS, ids=lambda r: r.name)
+def test_regression(regression: Regression) -> None:
+    result = regression.case.run()
+    assert result.violations == [], \
+        f"{regression.note}\n{regression.case!r}\n" + "\n".join(result.violations)
+
+
+@pytest.mark.parametrize("regression", PENDING, ids=lambda r: r.name)
+def test_pending_cases_still_fail(regression: Regression) -> None:
+    # Fixed? Move the case from PENDING to REGRESSIONS (and its kinds out of
+    # PENDING_KINDS once no pending case needs them).
+    assert regression.case.run().violations, \
+        f"{regression.name} no longer breaks an invariant: move it to REGRESSIONS"
+
+
+def test_pending_kinds_cover_the_pending_cases() -> None:
+    for r in PENDING:
+        assert set(r.case.kinds) & set(PENDING_KINDS), r.name
+
+
+def explore_args(patch: Path) -> list[str]:
+    """The `# explore:` line of a patch (before its first `diff --git`)."""
+    for line in patch.read_text().splitlines():
+        if line.startswith("diff --git"):
+            break
+        if line.startswith("# explore:"):
+            return shlex.split(line.removeprefix("# explore:"))
+    return list(DEFAULT_EXPLORE)
+
+
+def patched_copy(patch: Path, root: Path) -> Path:
+    """A copy of the package with `patch` applied: the PYTHONPATH entry."""
+    shutil.copytree(PACKAGE, root / "operator" / "shardlease",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # (No repository around the copy: git apply then patches files relative to cwd.)
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent)}
+    done = subprocess.run(["git", "apply", "-C1", str(patch)], cwd=root, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, \
+        f"{patch.name} no longer applies to the tree; regenerate it:\n{done.stderr}"
+    return root / "operator"
+
+
+def test_mutants_are_there() -> None:
+    assert MUTANTS, "tests/sim/mutants holds no patch"
+
+
+@pytest.mark.parametrize("patch", MUTANTS, ids=lambda p: p.stem)
+def test_each_mutant_is_caught(patch: Path, tmp_path: Path) -> None:
+    args = explore_args(patch)
+    if "--kinds" not in args and "--skip" not in args:
+        args += SKIP_PENDING  # (the unpatched tree must be clean in the same cases)
+    copy = patched_copy(patch, tmp_path / "tree")
+    caught = explore(*args, "--first", pythonpath=copy)
+    assert f"exploring {copy / 'shardlease'}" in caught.stdout, caught.stdout
+    assert caught.returncode == 1 and "VIOLATION" in caught.stdout, \
+        f"the explorer did not catch {patch.name} ({shlex.join(args)}):\n" \
+        f"{caught.stdout}\n{caught.stderr}"
+    # The same cases on the unpatched tree: clean, so the mutant was caught.
+    clean = explore(*args, "--runs", str(runs(caught.stdout)))
+    assert clean.returncode == 0, \
+        f"the unpatched tree breaks an invariant in the cases that caught {patch.name}:\n" \
+        f"{clean.stdout}\n{clean.stderr}"
+
+
+def test_the_explorer_finds_nothing_on_the_tree() -> None:
+    done = explore("--seconds", "120", "--runs", "24", "--seed", "0", *SKIP_PENDING)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert runs(done.stdout) == 24
+    assert re.search(r"\(\d+\.\d\d runs/s\)", done.stdout), done.stdout
+
+
+def test_a_replay_prints_the_case_its_trace_and_no_violation() -> None:
+    case = case_for(5, "shard")
+    done = explore("--replay", "5", "--renewal", "shard", "--tail", "3")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert done.stdout.startswith(f"case 5: nodes={case.nodes} shards={case.shards}")
+    assert "trace (the last 3 of " in done.stdout
+    assert done.stdout.rstrip().endswith("violations (0):")
+
+
+def test_a_seed_is_the_same_case_in_every_process() -> None:
+    assert case_for(12345) == case_for(12345)
+    assert case_for(12345).reproducer() == (
+        f"python -m shardlease.sim.explore --replay 12345 --renewal {case_for(12345).renewal}")
+    # Forcing the mode changes only the mode.
+    other: Renewal = "node" if case_for(12345).renewal == "shard" else "shard"
+    assert case_for(12345, other).faults == case_for(12345).faults
