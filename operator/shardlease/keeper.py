@@ -34,7 +34,7 @@ from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.records import Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import VANISHED, LeaseStore
 from shardlease.telemetry import Lost, Release, RenewFailed, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
@@ -168,14 +168,19 @@ class Keeper:
         node's own earlier write whose answer was lost and could not be
         recognised then (the read-back failed too): if the record still names
         this process (any of its epochs), with our generation, nobody else
-        wrote it, so take its version and write once more. Raises `Conflict`
-        when another node wrote the record, `StoreError` when that cannot be
-        told yet."""
+        wrote it, so take its version and write once more. A record that
+        another writer corrupted or deleted under us is repaired the same way
+        (`_damaged`). Raises `Conflict` when another node wrote the record,
+        `StoreError` when that cannot be told yet."""
         try:
             return await self.write(lease, held.version)
         except Conflict:
             current = await self.store.get_lease(self.cluster, lease.shard)
             rec = current.record if current is not None else None
+            if self._damaged(lease.shard, current):
+                held.wrote(held.lease, VANISHED if current is None else current.version,
+                           self.clock.monotonic())
+                return await self.write(lease, held.version)
             # (Any incarnation of this process: a hand-over names another.)
             if current is None or rec is None or rec.owner != self.name \
                     or rec.incarnation not in self.own_epochs() \
@@ -186,6 +191,22 @@ class Keeper:
                         lease.shard)
             held.wrote(held.lease, current.version, self.clock.monotonic())
         return await self.write(lease, held.version)
+
+    def _damaged(self, shard: int, current: Stored[Lease] | None) -> bool:
+        """Whether a held lease's record was corrupted or deleted by another
+        writer (not replaced by a record another node can read: a newer
+        format is another version's, and is lost to it). Such a record is
+        repaired by a compare-and-swap on the version that is there, and
+        the shard kept: it is a renewal like any other (observers date the
+        repaired version from when they first see it), and a peer that took
+        the damaged record meanwhile changed its version, so the swap fails
+        and the shard is lost."""
+        if current is not None and (current.record is not None
+                                    or current.newer_format is not None):
+            return False
+        logger.error("shard %d: its lease record was %s by another writer: writing ours back "
+                     "over it", shard, "deleted" if current is None else "corrupted")
+        return True
 
     async def _write_step(self, shard: int, held: Held, lease: Lease, what: str,
                           budget: float | None) -> bool:
@@ -415,7 +436,11 @@ class Keeper:
         compare-and-swap; node mode would keep the shard for ever while
         nobody else may claim what the record says. A listing that shows
         another version (and started after our last write of it) is checked
-        by a read; if the record is no longer ours, the shard is given up."""
+        by a read. A record replaced by another's is lost; a corrupt or
+        deleted one is repaired (`_damaged`): ours written back over it by a
+        compare-and-swap. Meanwhile a peer that saw our record before waits
+        for our epoch to end (view.LeaseView.claimable); one that never did
+        waits a TTL from when it first saw the damage."""
         for shard, held in list(self.held.items()):
             stored = leases.get(shard)
             if not held.by_epoch or held.changed_at >= listed or held.lock.locked() \
@@ -426,8 +451,13 @@ class Keeper:
                     f"read of shard {shard}",
                     functools.partial(self.store.get_lease, self.cluster, shard))
             except StoreError as e:
-                logger.info("shard %d: could not read its lease again: %s", shard, e)
-                continue
+                if stored is not None and stored.record is not None:
+                    logger.info("shard %d: could not read its lease again: %s", shard, e)
+                    continue
+                # The listing shows it damaged and it cannot be read back: the
+                # repair's compare-and-swap against what the listing shows
+                # tells (a stale listing's version is refused, harmlessly).
+                current = stored
             if self.held.get(shard) is not held or held.changed_at >= listed \
                     or held.lock.locked():
                 continue  # written by us meanwhile
@@ -437,11 +467,24 @@ class Keeper:
                     and rec.incarnation in self.own_epochs()
                     and rec.generation == held.lease.generation)):
                 continue  # ours (a write whose answer was lost names us too)
-            what = ("deleted" if current is None else "corrupt" if rec is None
-                    else f"now says owner {rec.owner!r}, generation {rec.generation}")
-            logger.error("shard %d: its lease record was changed by another writer (%s): "
-                         "giving the shard up", shard, what)
-            self.lost(shard)
+            if not self._damaged(shard, current):
+                logger.error("shard %d: its lease record was replaced by another writer: giving "
+                             "the shard up", shard)
+                self.lost(shard)
+                continue
+            async with held.lock:
+                if self.held.get(shard) is not held:
+                    continue
+                before = held.version, held.changed_at
+                held.wrote(held.lease, VANISHED if current is None else current.version,
+                           self.clock.monotonic())
+                lease = held.lease.model_copy(update={"write_id": new_write_id(),
+                                                      "renewed_at": self.clock.wall()})
+                try:
+                    await self._write_step(shard, held, lease, "repair", self.ttl)
+                except StoreError as e:  # tried again from the next listing
+                    logger.warning("shard %d: could not repair its record yet: %s", shard, e)
+                    held.version, held.changed_at = before
 
     # -- whether this node can write leases at all ------------------------------------------
 

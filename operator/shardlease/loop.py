@@ -648,6 +648,8 @@ class PlacementLoop:
         async def one(shard: int) -> None:
             stored = leases.get(shard)
             rec = stored.record if stored is not None else None
+            if stored is not None and rec is None:
+                rec = self.view.kept_by_epoch(shard)  # corrupt: its owner's epoch first
             if rec is not None and rec.renewal == "node" and rec.owner is not None \
                     and (rec.owner, rec.incarnation) != (self.name, self.epoch):
                 key = (rec.owner, rec.incarnation or "")

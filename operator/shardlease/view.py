@@ -46,6 +46,10 @@ class LeaseView:
         self.seen: Observed[int, Lease] = Observed()
         #: The highest generation seen per shard: a claim goes above it.
         self.max_generation: dict[int, int] = {}
+        #: The last valid record seen per shard: when a record turns corrupt,
+        #: who kept it (a node-mode owner keeps it by its epoch, and may not
+        #: see the change: its epoch must be over before anyone takes it).
+        self.readable: dict[int, Lease] = {}
         #: What `lookup()` shows, from the last good listing.
         self.owners: dict[int, Owner] = {}
         self._rows: dict[int, tuple[Lease, Owner]] = {}
@@ -81,6 +85,7 @@ class LeaseView:
                 if fresh:
                     self.max_generation[shard] = max(rec.generation,
                                                      self.max_generation.get(shard, 0))
+                    self.readable[shard] = rec
                 owners[shard] = self._owner_of(shard, rec)
                 if rec.owner is None:
                     free.append(shard)
@@ -146,7 +151,21 @@ class LeaseView:
             return self.epochs.over(rec, now)
         seen = self.seen.get(shard)
         ttl = max(self.ttl(), rec.ttl) if rec is not None else self.ttl()
-        return seen is not None and now - seen.since > ttl
+        if seen is None or now - seen.since <= ttl:
+            return False
+        if rec is None and (kept := self.kept_by_epoch(shard)) is not None:
+            # Corrupt under a node-mode owner, which may not see it (its
+            # listings failing) and keeps the shard while its epoch lives.
+            return self.epochs.over(kept, now)
+        return True
+
+    def kept_by_epoch(self, shard: int) -> Lease | None:
+        """The last valid record of a shard whose record is corrupt now, if it
+        was a node-mode lease of another node's (or an older epoch of ours)."""
+        last = self.readable.get(shard)
+        if last is None or last.owner is None or last.renewal != "node":
+            return None
+        return last
 
     def free_for(self, shard: int, stored: Stored[Lease] | None, now: float) -> float:
         """Seconds this node has seen the shard free (no record, or no owner)
@@ -163,7 +182,9 @@ class LeaseView:
         if stored is None or (rec is not None and rec.owner is None):
             return now - seen.since
         if rec is None:  # corrupt: held until unchanged for a TTL; a newer format, for ever
-            return 0.0 if stored.newer_format is not None else max(0.0, now - seen.since - ttl)
+            if stored.newer_format is not None or not self.claimable(shard, stored, now):
+                return 0.0
+            return max(0.0, now - seen.since - ttl)
         if rec.owner == self.name and rec.incarnation in self.own_epochs():
             return 0.0
         if rec.renewal == "node":

@@ -131,14 +131,9 @@ REGRESSIONS: list[Regression] = [
                                         calls=frozenset({"list_epochs"})),
                              Reconfigure(at=120.3, node=None, changes=CUT_TO_6)),
                          kinds=("reconfigure_ttl", "store_one", "leave"), origin=961192410)),
-]
-
-#: Found or made cases whose bug is known and not fixed yet: each must still
-#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
-PENDING: list[Regression] = [
-    # G: a record overwritten with garbage keeps no generation, and the next
-    # claim over it starts again from 1 (or from what the claimer last knew):
-    # a generation two owners are given, one after the other ((b)). Both modes.
+    # G (fixed: the owner writes its record back over the damage, keeping its
+    # generation): a record overwritten with garbage kept no generation, and
+    # the next claim over it started again from 1 ((b)). Both modes.
     Regression("seed-3665181300",
                "shard mode, corrupt: (b) shard 1: n1 asked to open generation 1 at 53.082 "
                "after n0 opened generation 1 at 8.804 (a garbage record over generation 1)",
@@ -163,10 +158,11 @@ PENDING: list[Regression] = [
                              Corrupt(at=116.8, shard=0, how="invalid"),
                              Corrupt(at=116.8, shard=2, how="truncated")),
                          kinds=("corrupt",), origin=1599298893)),
-    # H: node mode, a record corrupted under its live owner while the owner
-    # cannot see it (its list_leases failing) or cannot read it back (its
-    # get_lease failing): it keeps the shard on its epoch while a peer, having
-    # seen the corrupt record unchanged for a TTL, claims it: (a) two owners.
+    # H (fixed: a peer that saw the record before waits for its owner's epoch
+    # to end; an owner that cannot read it back repairs it against what the
+    # listing shows): node mode, a record corrupted under its live owner while
+    # the owner cannot see it (its list_leases failing) or cannot read it back
+    # (its get_lease failing) was claimed by a peer after a TTL: (a).
     Regression("corrupt-record-while-its-owner-cannot-list",
                "node mode, shard 0 corrupted under n0 while n0's list_leases fail for 3 TTLs: "
                "(a) n2 opens it while n0 still has it open",
@@ -204,6 +200,31 @@ PENDING: list[Regression] = [
                                         lost_reply_rate=0.3, calls=LEASE_WRITES),
                              Corrupt(at=30.5, shard=5, how="truncated")),
                          kinds=("corrupt", "store_one"), origin=1474307277)),
+]
+
+#: Found or made cases whose bug is known and not fixed yet: each must still
+#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
+PENDING: list[Regression] = [
+    # H' (open): node mode, a record corrupted under its live owner whose
+    # listings are stale for longer than a TTL (a lagging cache), taken by a
+    # node that joined after the damage (so never saw who kept it) once it has
+    # seen the damage unchanged for a TTL, while the owner still cannot see it:
+    # (a). Node mode keeps a lease by its epoch, so only the owner's listing
+    # can show it that another writer destroyed its record; docs/renewal.md
+    # ("Records written by others") says so.
+    Regression("seed-4249663667",
+               "corrupt,store_one,join,stale: (a) shard 2: open on j1 (generation 2) at 243.500 "
+               "while still open on n0 (generation 1, deadline 360.539) until 250.539",
+               SwarmCase(nodes=1, shards=5, seed=1332578498, lease_ttl=120.0, interval=20.0,
+                         margin=10.0, max_concurrency=4, renewal="node", faults=(
+                             StoreFault(at=62.8, until=242.8, node="n0", stale=True),
+                             Corrupt(at=86.2, shard=2, how="truncated"),
+                             Join(at=103.5, node="j1", wall_skew=0.0),
+                             Join(at=109.9, node="j1", wall_skew=3600.0),
+                             StoreFault(at=135.7, until=219.7, node="n0", latency=6.0,
+                                        error_rate=0.3, lost_reply_rate=0.3,
+                                        calls=LEASE_WRITES)),
+                         kinds=("corrupt", "store_one", "join", "stale"), origin=4249663667)),
 ]
 
 #: The fault kinds of the open bugs above: the swarm property test and the
