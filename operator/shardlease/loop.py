@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import math
 import random
@@ -107,6 +108,22 @@ logger = logging.getLogger("shardlease.loop")
 class _Cooldown:
     failures: int
     until: float
+
+
+class Life(enum.Enum):
+    """Where the node's life stands, and what each stage allows."""
+
+    #: Reads and renews, claims nothing: its first round only reads (peers'
+    #: liveness records may not be there yet; a node that sees only itself
+    #: would claim every shard to give most of them back a round later).
+    STARTING = "starting"
+    #: Claims, releases and renews.
+    RUNNING = "running"
+    #: `stop()` (or a cancellation): claims nothing, closes and frees every
+    #: shard, looks for strays for up to a TTL.
+    STOPPING = "stopping"
+    #: `run()` returned or raised: nothing runs.
+    STOPPED = "stopped"
 
 
 class PlacementLoop:
@@ -156,12 +173,12 @@ class PlacementLoop:
         #: The nodes live by their epochs in the last epoch listing that
         #: succeeded (a failed one keeps them; heartbeats keep theirs too).
         self._epoch_live: set[str] = set()
-        #: When stop() was called (monotonic), None before.
+        #: When the node began to stop (monotonic), None before.
         self._stop_started: float | None = None
         #: Whether the last lease listing had node-mode leases (shard-mode
         #: nodes read the epochs only then).
         self._node_leases = False
-        self._stopping = False
+        self.life = Life.STARTING
         self._wake = asyncio.Event()
         #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
         self._reconfigured = asyncio.Event()
@@ -193,9 +210,10 @@ class PlacementLoop:
                               own_epochs=lambda: self.own_epochs, ttl=lambda: self.ttl)
         self.keeper = Keeper(self.store, self.calls, self.clock, self.telemetry, self.runner,
                              self.own, cluster=self.cluster, name=self.name,
-                             options=lambda: self.options, stopping=lambda: self._stopping,
+                             options=lambda: self.options, stopping=lambda: self.stopping,
                              earlier_pace=lambda: self._earlier_pace,
                              released=self.view.forget_owner)
+        #: Set once `run()` ended (Life.STOPPED).
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
         #: for health checks that do not await the task.
@@ -346,6 +364,19 @@ class PlacementLoop:
         return self.epoch if self.mode == "node" else self.incarnation
 
     @property
+    def stopping(self) -> bool:
+        """Stopping (or stopped): claims nothing, gives everything up."""
+        return self.life in (Life.STOPPING, Life.STOPPED)
+
+    def _begin_stop(self) -> bool:
+        """Enter Life.STOPPING; False if the node was stopping already."""
+        if self.stopping:
+            return False
+        self.life = Life.STOPPING
+        self._stop_started = self.clock.monotonic()
+        return True
+
+    @property
     def held(self) -> dict[int, Held]:
         """The leases this node holds (the keeper's)."""
         return self.keeper.held
@@ -379,10 +410,10 @@ class PlacementLoop:
             while True:
                 started = self.clock.monotonic()
                 await self._round()
-                if self._stopping and not self.held and not self._strays_pending():
+                if self.stopping and not self.held and not self._strays_pending():
                     break
                 delay = self.options.interval_s
-                if self._stopping:
+                if self.stopping:
                     delay = delay / 4
                 # Rounds start every `interval` (start to start).
                 delay = max(0.0, delay - (self.clock.monotonic() - started))
@@ -396,7 +427,7 @@ class PlacementLoop:
                     waiter.cancel()
                 self._check_alive(runner, keepers)
         except asyncio.CancelledError:
-            self._stopping = True
+            self._begin_stop()
             await self._abandon(runner, keepers)
             raise
         except BaseException as e:
@@ -418,15 +449,14 @@ class PlacementLoop:
             await _cancel(runner)
             await self._drain_tasks()
         finally:
+            self.life = Life.STOPPED
             self._done.set()
 
     async def stop(self) -> None:
         """Graceful stop: stop heartbeating (peers stop counting this node at
         once), close every shard and free its lease, so peers take over within
         about one interval instead of waiting out the TTL."""
-        if not self._stopping:
-            self._stopping = True
-            self._stop_started = self.clock.monotonic()
+        if self._begin_stop():
             # Node mode frees strays every round, so this may be False; what
             # a stop leaves (a fenced shard whose free fails) is looked for again.
             self.keeper.strays = True
@@ -491,14 +521,14 @@ class PlacementLoop:
         for task in keepers:
             # The heartbeats end by themselves on a graceful stop; nothing else does.
             if task.done() and (task.cancelled() or task.exception() is not None
-                                or not self._stopping):
+                                or not self.stopping):
                 raise EngineError(f"the loop's task {task.get_name()} stopped") from (
                     None if task.cancelled() else task.exception())
 
     # -- heartbeats -----------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
-        while not self._stopping:
+        while not self.stopping:
             started = self.clock.monotonic()
             await self._heartbeat()
 
@@ -517,7 +547,7 @@ class PlacementLoop:
                 except StoreError as e:
                     logger.info("could not delete the heartbeat: %s", e)
             return
-        await self.beats.beat(stopping=lambda: self._stopping)
+        await self.beats.beat(stopping=lambda: self.stopping)
 
     # -- renewals ---------------------------------------------------------------------
 
@@ -531,7 +561,7 @@ class PlacementLoop:
             def due(ok: bool = ok, started: float = started) -> float:
                 pace = self.keeper.renew_pace()
                 delay = pace if ok else pace / 2
-                if self._stopping:
+                if self.stopping:
                     delay = min(delay, pace / 4)
                 return started + delay
 
@@ -541,14 +571,14 @@ class PlacementLoop:
 
     async def _round(self) -> None:
         started = self.clock.monotonic()
-        first = self.rounds == 0
+        first = self.life is Life.STARTING
         live, epochs, leases = await asyncio.gather(self.beats.read(), self._read_epochs(),
                                                     self._read_leases())
         if leases is not None:
             self._node_leases = bool(self.view.named)
         if epochs is not None:
             self.epoch_watch.observe(epochs, self.view.named if leases is not None else {})
-            if self.epoch_watch.suspects and not self._stopping:
+            if self.epoch_watch.suspects and not self.stopping:
                 # Before the share: an epoch a peer ended is no live node.
                 await self.epoch_watch.check_suspects()
             self._epoch_live = self.epoch_watch.live()
@@ -558,7 +588,7 @@ class PlacementLoop:
         # never make this node think itself alone (and claim every shard).
         live = live | self._epoch_live
         withdrawn = self.keeper.withdrawn()
-        if self._stopping or withdrawn:
+        if self.stopping or withdrawn:
             live.discard(self.name)
         else:
             live.add(self.name)
@@ -568,11 +598,11 @@ class PlacementLoop:
         if withdrawn:
             await self.keeper.probe()
         plan = self._plan(leases if not first and self.runner.running else None, len(live),
-                          stopping=self._stopping or withdrawn)
+                          stopping=self.stopping or withdrawn)
         share = plan.share
         for shard in plan.release:
             self.keeper.release(shard)
-        if leases is not None and self._stopping:
+        if leases is not None and self.stopping:
             await self.keeper.free_strays(leases)
         elif leases is not None and not first and self.runner.running:
             await self._claim(leases, plan.claim, plan.adopt)
@@ -584,6 +614,8 @@ class PlacementLoop:
         if leases is not None and epochs is not None:
             await self.epoch_watch.collect(self.view.named)
         self.rounds += 1
+        if self.life is Life.STARTING:
+            self.life = Life.RUNNING
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
@@ -698,13 +730,13 @@ class PlacementLoop:
         # Node mode: valid until the epoch's deadline (the claim's own write
         # extends nothing), and only if the epoch it names is still ours.
         deadline = self.own.deadline if by_epoch else self.keeper.deadline(sent, lease.ttl)
-        if self._stopping or deadline is None or (by_epoch and (
+        if self.stopping or deadline is None or (by_epoch and (
                 epoch != self.epoch or deadline <= self.clock.monotonic())):
             # Stopped (or the epoch ended, or its deadline passed: a slow
             # write) while the claim was in flight: never opened; the
             # renewals free it.
             held = Held(lease, version, changed_at=self.clock.monotonic())
-            held.closed(Reason.SHUTDOWN if self._stopping else Reason.FENCED,
+            held.closed(Reason.SHUTDOWN if self.stopping else Reason.FENCED,
                         self.clock.monotonic())
             self.held[shard] = held
             return
@@ -731,7 +763,7 @@ class PlacementLoop:
         task.add_done_callback(self._tasks.discard)
         # Freeing does not start a round early (a refusing host would spin),
         # except while stopping, which ends once everything is freed.
-        task.add_done_callback(lambda _: self._wake.set() if self._stopping else None)
+        task.add_done_callback(lambda _: self._wake.set() if self.stopping else None)
 
     def _cool(self, shard: int, reason: Reason) -> None:
         """After a failed open, this node leaves the shard alone for a while
