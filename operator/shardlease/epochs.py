@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
+from shardlease.observed import MISSING, Observed
 from shardlease.records import MAX_LEASE_TTL, Epoch, Lease, new_write_id
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import EpochEnded, Telemetry
@@ -27,21 +27,10 @@ logger = logging.getLogger("shardlease.loop")
 
 #: An epoch is identified by a node name and an epoch id.
 EpochKey = tuple[str, str]
-#: The version `Seen` records for something with no record at all.
-MISSING = "\0missing"
 #: Epoch records unchanged for this many TTLs, which no lease names, are
 #: deleted by any node (crashed nodes' epochs), at most PER_ROUND a round.
 EPOCH_GC_TTLS = 2.0
 PER_ROUND = 4
-
-
-@dataclass
-class Seen:
-    """A record as this node saw it: its version and when that version was first seen."""
-
-    version: str
-    since: float
-    record: Lease | None
 
 
 class EpochWatch:
@@ -58,7 +47,7 @@ class EpochWatch:
         self.ttl = ttl
         self.own = own
         #: Each epoch tracked: its version (or MISSING) and since when.
-        self.seen: dict[EpochKey, Seen] = {}
+        self.seen: Observed[EpochKey, None] = Observed()
         #: Epochs known to be over (ended by a compare-and-swap this node saw
         #: succeed, or read ended) after a TTL of silence judged against the
         #: TTL its leases carry: their leases may be claimed at once.
@@ -104,9 +93,9 @@ class EpochWatch:
                 if seen is not None and key in named and MISSING not in (seen.version, version) \
                         and now - seen.since >= self.ttl() / 2 and key not in self.ended:
                     self.suspects[key] = None  # its owner writes every interval
-                self.seen[key] = Seen(version, now, None)
-        for key in set(self.seen) - set(epochs) - set(named):
-            del self.seen[key]
+                self.seen.see(key, version, now)
+        for key in set(self.seen.keys()) - set(epochs) - set(named):
+            self.seen.forget(key)
             self.ended.discard(key)
             self.collected.discard(key)
             self._record_ttl.pop(key, None)
@@ -151,7 +140,9 @@ class EpochWatch:
         """Whether the epoch, seen unchanged for EPOCH_GC_TTLS of our TTL, has
         also been silent for EPOCH_GC_TTLS of the TTL its record says (read
         once per version)."""
-        seen = self.seen[key]
+        seen = self.seen.get(key)
+        if seen is None:
+            return False
         known = self._record_ttl.get(key)
         if known is None or known[0] != seen.version:
             try:
