@@ -1,22 +1,36 @@
-"""The placement loop: one node's heartbeats, renewals and rounds of placement.
+"""The placement loop: composes one node's parts and runs their schedules.
 
-Three schedules, each its own task, so that nothing slow on one delays another:
+The parts, each with one job (docs/renewal.md names which rule each keeps):
 
-- heartbeats: every `interval`, this node's heartbeat;
+- `keeper.Keeper`: the leases this node holds (renew, hand over, free, lose),
+  every write of one through a single compare-and-swap step;
+- `own_epoch.OwnEpoch`: this node's epoch in node mode (the renewal of every
+  node-mode lease it holds); `epochs.EpochWatch`: what it sees of others';
+- `heartbeats.Heartbeats`: its heartbeat in shard mode, and which peers are
+  live by theirs;
+- `view.LeaseView`: what it saw of the leases, judged (claimable, free for how
+  long, owners for `lookup`);
+- `placement.plan`: the round's decision, a pure function of that view;
+- `runner.Runner`: opens, closes and deadlines, in a task of its own.
+
+Schedules, each its own task, so that nothing slow on one delays another:
+
+- heartbeats (shard mode) or the epoch (node mode): every `interval`;
 - renewals: every `interval` (interval/2 after a failure), renew every lease
   the node holds, or free it once the runner closed its shard. Renewals never
   wait behind a heartbeat, a listing, a GET or a claim: those are what a slow
   store makes slow, and a renewal late by more than `ttl - margin` fences
   every shard;
 - rounds of placement, every `interval`:
-  1. read the heartbeats (live nodes) and the leases (this feeds `lookup`);
-  2. compute the fair share, ceil(shards / live nodes);
-  3. release shards above it: the runner closes the shard, and only then is
-     the lease freed, so the next owner opens a closed shard;
-  4. claim free or expired leases up to the share, handing each to the runner
-     with the lease's generation. A node's first round claims nothing: its
-     peers' heartbeats may not be there yet, and a node that sees only itself
-     would claim every shard only to release most of them a round later.
+  1. read the heartbeats, the epochs and the leases (this feeds `lookup`);
+  2. plan (`placement.plan`): the fair share, ceil(shards / live nodes), what
+     to release above it, what to claim up to it, what to adopt;
+  3. release: the runner closes the shard, and only then is the lease freed,
+     so the next owner opens a closed shard;
+  4. claim, handing each claimed shard to the runner with the lease's
+     generation. The node's life (`Life`) says when: its first round claims
+     nothing (peers' records may not be there yet), a stopping node claims
+     nothing and gives everything up.
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -36,33 +50,8 @@ records are never compared, so skewed clocks cannot make two owners. Every
 write carries a fresh `write_id`, so every renewal changes the version even
 on stores whose versions are content hashes (S3 ETags).
 
-A host that refuses a shard: after a failed open the shard cools down on this
-node (exponential backoff with jitter) before this node claims it again, and
-a shard that has stayed free for longer than a TTL may be claimed by any node,
-even one at its share, so that it finds a host that accepts it. (No cooldown
-for a node that sees no live peer, nor for a shard free for two TTLs: then
-nobody else took it, and waiting longer only keeps it closed.) Freeing a
-lease never starts a round early, so a refused shard costs at most one
-claim, one open and one free per round.
-
-Node-mode renewal (`Options.renewal == "node"`, after CockroachDB's epoch
-leases). A lease claimed in node mode names its owner's epoch (`incarnation`)
-and stays valid while that epoch is alive: renewing every held lease is one
-compare-and-swap of the node's epoch record per interval, and a lease record
-is written only on a claim or a free. The heartbeat task is replaced by the
-epoch task, which is the renewal: every node-mode shard's deadline is the last
-successful epoch write, measured from when it was sent, + TTL - margin.
-Taking over a silent node's lease is two compare-and-swaps: first end its
-epoch, against the version this node has seen unchanged for a whole TTL (or
-against its absence, seen for a TTL, by creating it ended), then claim the
-lease against the version read, at generation + 1. A reader whose view is
-stale fails the first; an owner whose epoch was ended has its next epoch write
-refused, fences every shard of that epoch at once and starts a new epoch.
-Every node judges each lease by the way the lease says it is kept, whatever
-its own mode. A graceful stop first turns its node-mode leases into shard-mode
-ones (one write each), then retires the epoch and stops as in shard mode.
-
-docs/renewal.md has the safety argument.
+Node-mode renewal (after CockroachDB's epoch leases) and every rule of it
+are in docs/renewal.md, with the safety argument and the test of each rule.
 
 The loop knows no store and no host: it talks to a `LeaseStore` and a runner.
 """
