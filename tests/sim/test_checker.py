@@ -185,3 +185,41 @@ def test_a_fenced_shard_still_closing_when_its_lease_can_be_taken_is_caught() ->
     late = [*fenced, ev(45.0, "a", "close_ok", 0), ev(45.0, "a", "closed", 0,
                                                          detail="fenced")]
     assert check_fenced_closes(late, margin=2.5)[0].startswith("(l)")
+
+
+def test_a_shard_open_nowhere_while_a_node_works_is_caught_after_the_bound() -> None:
+    from shardlease.sim.check import check_open_somewhere, open_nowhere
+
+    # a opens shard 0 at 1, closes it at 10; b (working throughout) opens it at 40.
+    trace = by_time([ev(0.0, "a", "start"), ev(0.0, "b", "start")],
+                    owned("a", 0, 1, 1.0, 50.0, close_at=10.0), owned("b", 0, 2, 40.0, 90.0))
+    assert open_nowhere(trace, 1, until=100.0) == {0: [(0.0, 1.0), (10.0, 40.0)]}
+    assert check_open_somewhere(trace, 1, [], until=100.0, bound=30.0) == []
+    (late,) = check_open_somewhere(trace, 1, [], until=100.0, bound=20.0)
+    assert late.startswith("(m) shard 0: open on no node from 10.000 to 40.000, 30.0s")
+    # Never reopened: open nowhere until the end of the time checked.
+    assert "(still at quiescence)" in check_open_somewhere(
+        [e for e in trace if e.node != "b" or e.kind == "start"], 1, [], 100.0, 30.0)[0]
+
+
+def test_a_shard_open_nowhere_is_excused_while_no_node_works() -> None:
+    from shardlease.sim import HostFault, StoreFault
+    from shardlease.sim.check import check_open_somewhere, stretches
+
+    trace = by_time([ev(0.0, "a", "start"), ev(0.0, "b", "start")],
+                    owned("a", 0, 1, 1.0, 50.0, close_at=10.0), owned("b", 0, 2, 70.0, 90.0))
+    # b's lease writes fail until 50, a's store is slow, then a leaves at 15:
+    # some node works only in [0, 5) and from 50 (20 s before the open).
+    faults = [StoreFault(5.0, 50.0, node="b", error_rate=1.0, calls=frozenset({"create_lease"})),
+              StoreFault(5.0, 30.0, node="a", latency=1.0)]
+    left = [*trace, ev(15.0, "a", "leave")]
+    assert check_open_somewhere(left, 1, faults, until=100.0, bound=25.0) == []
+    assert [(st.start, st.end, st.seconds, st.workers) for st in stretches(
+        left, 1, faults, 100.0)][:2] == [(10.0, 70.0, 20.0, ("b",)), (0.0, 1.0, 1.0, ("a", "b"))]
+    # A pause or a host fault is no working node either.
+    paused = by_time(trace, [ev(12.0, "a", "pause", value=60.0)])
+    assert check_open_somewhere(paused, 1, faults[:1], until=100.0, bound=25.0) == []
+    assert check_open_somewhere(paused, 1, [], until=100.0, bound=25.0) != []
+    refusing = [HostFault(10.0, 60.0, node=None, refuse=frozenset({0}))]
+    assert check_open_somewhere(trace, 1, refusing, until=100.0, bound=25.0) == []
+    assert check_open_somewhere(trace, 1, [], until=100.0, bound=25.0) != []

@@ -31,7 +31,16 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  of it, since the last claim or renewal that set its deadline;
 (l) fencing ends in time: the runner is done with a fenced shard (closed,
                  or its close abandoned) by the fence's deadline + margin, when
-                 another node may take the lease (`check_fenced_closes`).
+                 another node may take the lease (`check_fenced_closes`);
+(m) open somewhere: no shard stays open on no node for longer than
+                 `liveness_bound` (4 TTLs + 6 intervals, the largest any node
+                 had) of a time during which some node worked throughout:
+                 running (not leaving), not paused, no store fault and no host
+                 fault acting on it. Nor does the time count that a node not
+                 working had the shard to open (claimed; its host slow, or it
+                 paused): the open is under way. A node whose lease writes
+                 fail is no working node, nor one whose host refuses or fails
+                 opens. Checked up to quiescence (`check_open_somewhere`).
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -43,6 +52,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shardlease.sim.faults import Fault, HostFault, StoreFault, fault_end
 from shardlease.sim.world import Snapshot, TraceEvent
 
 #: Times within this are the same instant (float rounding of virtual time).
@@ -365,3 +375,214 @@ def recoveries(trace: Sequence[TraceEvent]) -> list[Recovery]:
                 last = later.t
         out.append(Recovery(ev.node, ev.t, shards, None if pending else last - ev.t))
     return out
+
+
+# -- (m) -------------------------------------------------------------------------------
+
+#: (m)'s bound, in the largest TTL and interval any node had. A shard its
+#: owner closed but could not free waits for its lease to expire (a TTL; node
+#: mode: the owner gives up its epoch a TTL after the close, and the epoch is
+#: then silent for a TTL), then to be free for a TTL before a node at its
+#: share adopts it, one a round, plus a few rounds (reads, a claim, an open).
+#: In 3000 swarm cases of the unpatched tree (both modes, no corrupt records)
+#: the longest stretch was 2.2 TTLs + 6 intervals (node mode: the leases of
+#: an epoch a node ended are adopted only two TTLs after the end, their
+#: free time counting from the end's own write); finding E's case with its
+#: node-mode fix taken out (tests/sim/mutants), 7.2 TTLs + 6 intervals.
+LIVENESS_TTLS = 4.0
+LIVENESS_INTERVALS = 6.0
+
+
+def liveness_bound(ttl: float, interval: float) -> float:
+    """(m)'s bound for the largest TTL and interval configured."""
+    return LIVENESS_TTLS * ttl + LIVENESS_INTERVALS * interval
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A time a shard was open on no node while some node worked throughout."""
+
+    shard: int
+    start: float  # open nowhere since (0: never opened yet)
+    end: float  # until (its next open, or the end of the time checked)
+    worked_from: float  # some node worked throughout [worked_from, worked_to)
+    worked_to: float
+    workers: tuple[str, ...]  # the nodes working when the overlap began
+
+    @property
+    def seconds(self) -> float:
+        return min(self.end, self.worked_to) - max(self.start, self.worked_from)
+
+
+def _subtract(spans: list[tuple[float, float]], cut: tuple[float, float]) \
+        -> list[tuple[float, float]]:
+    a, b = cut
+    out = []
+    for s, e in spans:
+        if b <= s or a >= e:
+            out.append((s, e))
+            continue
+        if s < a:
+            out.append((s, a))
+        if b < e:
+            out.append((b, e))
+    return out
+
+
+def working_spans(trace: Sequence[TraceEvent], faults: Sequence[Fault],
+                  until: float) -> dict[str, list[tuple[float, float]]]:
+    """(m): per node label, the times in [0, until) it worked: from its start
+    to its crash, leave or death, less its pauses and every store or host
+    fault acting on it (from the fault's start to `faults.fault_end`)."""
+    starts: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    cuts: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for ev in trace:
+        match ev.kind:
+            case "start":
+                starts.setdefault(ev.node, ev.t)
+            case "crash" | "leave" | "died" | "left":
+                ends.setdefault(ev.node, ev.t)
+            case "pause":
+                cuts[ev.node].append((ev.t, ev.value))
+            case _:
+                pass
+    windows = [(f.node, f.at, fault_end(f)) for f in faults
+               if isinstance(f, StoreFault | HostFault)]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for label, t0 in starts.items():
+        name = label.split("#")[0]
+        spans = [(t0, min(ends.get(label, until), until))]
+        for cut in cuts[label] + [(a, b) for n, a, b in windows if n in (None, name)]:
+            spans = _subtract(spans, cut)
+        out[label] = [(s, e) for s, e in spans if e > s]
+    return out
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def open_nowhere(trace: Sequence[TraceEvent], shards: int,
+                 until: float) -> dict[int, list[tuple[float, float]]]:
+    """Per shard, the times in [0, until) it was open at no node's host (from
+    the start of a close that succeeded, a crash or an abandoned close, to the
+    next successful open anywhere)."""
+    opened: dict[int, set[str]] = {s: set() for s in range(shards)}
+    since: dict[int, float] = dict.fromkeys(range(shards), 0.0)
+    closing: dict[tuple[str, int], float] = {}
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+
+    def drop(node: str, shard: int, t: float) -> None:
+        if node in opened[shard]:
+            opened[shard].discard(node)
+            if not opened[shard]:
+                since[shard] = t
+
+    for ev in trace:
+        if ev.t >= until:
+            break
+        if ev.kind == "crash":
+            for s in range(shards):
+                drop(ev.node, s, ev.t)
+            continue
+        if not 0 <= ev.shard < shards:
+            continue
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "open_ok":
+                if not opened[ev.shard]:
+                    out[ev.shard].append((since.pop(ev.shard), ev.t))
+                opened[ev.shard].add(ev.node)
+            case "close_call":
+                closing[key] = ev.t
+            case "close_ok":
+                drop(ev.node, ev.shard, closing.pop(key, ev.t))
+            case "close_err" | "close_cancel":
+                closing.pop(key, None)
+            case "abandoned":
+                drop(ev.node, ev.shard, ev.t)
+            case _:
+                pass
+    for s, t in since.items():
+        if not opened[s]:
+            out[s].append((t, until))
+    return out
+
+
+def pending_opens(trace: Sequence[TraceEvent],
+                  until: float) -> dict[int, list[tuple[str, float, float]]]:
+    """Per shard, each (node, from, to) during which a node's runner had the
+    shard to open: from its claim to the open's success, or the runner's
+    close of it (a failed open, a release, a loss), or the node's crash."""
+    started: dict[tuple[str, int], float] = {}
+    out: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
+    for ev in trace:
+        if ev.t >= until:
+            break
+        key = (ev.node, ev.shard)
+        match ev.kind:
+            case "deadline" if ev.detail == "claim":
+                started.setdefault(key, ev.t)
+            case "open_ok" | "closed" if key in started:
+                out[ev.shard].append((ev.node, started.pop(key), ev.t))
+            case "crash":
+                for k in [k for k in started if k[0] == ev.node]:
+                    out[k[1]].append((ev.node, started.pop(k), ev.t))
+            case _:
+                pass
+    for (node, shard), t in started.items():
+        out[shard].append((node, t, until))
+    return out
+
+
+def stretches(trace: Sequence[TraceEvent], shards: int, faults: Sequence[Fault],
+              until: float) -> list[Stretch]:
+    """(m)'s figures: every overlap of a shard open nowhere with a time some
+    node worked throughout, longest first. The time a node that did not work
+    had the shard to open (its host slow, a pause) does not count: the shard
+    is its to open, and the open is under way. (`worked_from`, `worked_to`:
+    the time that counts around the overlap.)"""
+    spans = working_spans(trace, faults, until)
+    worked = _union([sp for v in spans.values() for sp in v])
+    pending = pending_opens(trace, until)
+    out = []
+    for shard, gaps in open_nowhere(trace, shards, until).items():
+        counted = worked
+        for node, a, b in pending.get(shard, ()):
+            idle = [(a, b)]  # the part of [a, b) the node did not work
+            for sp in spans.get(node, ()):
+                idle = [piece for cut in idle for piece in _subtract([cut], sp)]
+            for cut in idle:
+                counted = _subtract(counted, cut)
+        for a, b in gaps:
+            for w0, w1 in counted:
+                if w1 <= a or w0 >= b:
+                    continue
+                at = max(a, w0)
+                workers = tuple(label for label, v in spans.items()
+                                if any(s <= at < e for s, e in v))
+                out.append(Stretch(shard, a, b, w0, w1, workers))
+    out.sort(key=lambda st: -st.seconds)
+    return out
+
+
+def check_open_somewhere(trace: Sequence[TraceEvent], shards: int, faults: Sequence[Fault],
+                         until: float, bound: float) -> list[str]:
+    """(m)"""
+    problems = []
+    for st in stretches(trace, shards, faults, until):
+        if st.seconds > bound + EPSILON:
+            end = "" if st.end < until else " (still at quiescence)"
+            problems.append(
+                f"(m) shard {st.shard}: open on no node from {st.start:.3f} to {st.end:.3f}"
+                f"{end}, {st.seconds:.1f}s of it while {', '.join(st.workers)} worked "
+                f"(some node throughout [{st.worked_from:.3f}, {st.worked_to:.3f})), "
+                f"longer than {bound:g}s")
+    return problems

@@ -22,9 +22,11 @@ from shardlease.sim.check import (
     EPSILON,
     Recovery,
     check_fenced_closes,
+    check_open_somewhere,
     check_quiescence,
     check_trace,
     deadlines,
+    liveness_bound,
     recoveries,
 )
 from shardlease.sim.faults import (
@@ -309,6 +311,8 @@ async def _scenario(
     else:  # each deadline against the margin it was given with (Reconfigure)
         problems += _check_fenced_closes(trace, world)
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl_max)
+    problems += check_open_somewhere(trace, shards, faults, snapshot.t,
+                                     liveness_bound(ttl_max, interval_max))
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",
