@@ -3,9 +3,14 @@
 - Regressions: every case in tests/sim/regressions.py holds every invariant.
 - Check the checker: every patch in tests/sim/mutants/ puts a known bug back
   into a copy of the package; the explorer must catch it within the budget
-  the patch names (a `# explore: ...` line above its first `diff --git`),
-  and the same cases on the unpatched tree must be clean (the mutant, not
-  some other violation, was caught).
+  the patch names (a `# explore: ...` line above its first `diff --git`; or
+  `--replay SEED ...`: that case, one the explorer found once, must break an
+  invariant; or instead `# regression: NAME`, a case of regressions.py, for
+  a bug no swarm case draws), and the same cases on the unpatched tree must
+  be clean (the mutant, not some other violation, was caught). A patch may
+  also say `# expect: (c)`: the violation caught must be one whose text
+  starts so, and the unpatched tree must show none such in the same cases
+  (others, of open bugs in the kinds the patch needs, it may).
 - The explorer on the unpatched tree finds nothing in a fixed set of cases
   (leaving out the fault kinds of open bugs, regressions.PENDING_KINDS), and
   replays a case from its seed.
@@ -14,6 +19,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -47,6 +53,31 @@ def explore(*args: str, pythonpath: Path | None = None,
                           cwd=pythonpath or PACKAGE.parent)
 
 
+#: Runs one case of regressions.py (by name) and prints its violations as
+#: `--replay` does (the package: the first entry of PYTHONPATH).
+RUN_REGRESSION = """
+import sys
+from pathlib import Path
+import shardlease
+from tests.sim.regressions import PENDING, REGRESSIONS
+print(f"running {Path(shardlease.__file__).parent}")
+(case,) = [r.case for r in REGRESSIONS + PENDING if r.name == sys.argv[1]]
+found = case.run().violations
+print(f"violations ({len(found)}):")
+print("".join(f"  {v}\\n" for v in found), end="")
+sys.exit(1 if found else 0)
+"""
+
+
+def regression(name: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """A case of regressions.py run in a process of its own."""
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(pythonpath or PACKAGE.parent), str(root)])}
+    return subprocess.run([sys.executable, "-c", RUN_REGRESSION, name], capture_output=True,
+                          text=True, env=env, timeout=300.0, cwd=root)
+
+
 def runs(output: str) -> int:
     found = re.search(r"^runs (\d+) in ", output, re.MULTILINE)
     assert found, output
@@ -73,14 +104,31 @@ def test_pending_kinds_cover_the_pending_cases() -> None:
         assert set(r.case.kinds) & set(PENDING_KINDS), r.name
 
 
-def explore_args(patch: Path) -> list[str]:
-    """The `# explore:` line of a patch (before its first `diff --git`)."""
+def header(patch: Path, key: str) -> str | None:
+    """The `# key: ...` line of a patch (before its first `diff --git`)."""
     for line in patch.read_text().splitlines():
         if line.startswith("diff --git"):
             break
-        if line.startswith("# explore:"):
-            return shlex.split(line.removeprefix("# explore:"))
-    return list(DEFAULT_EXPLORE)
+        if line.startswith(f"# {key}:"):
+            return line.removeprefix(f"# {key}:").strip()
+    return None
+
+
+def explore_args(patch: Path) -> list[str]:
+    """The `# explore:` line of a patch."""
+    found = header(patch, "explore")
+    return shlex.split(found) if found is not None else list(DEFAULT_EXPLORE)
+
+
+def violations(output: str, replayed: bool) -> list[str]:
+    """The violations an explorer's output shows: each case's first (the
+    explorer), or every one (a replay)."""
+    if replayed:
+        lines = output.split("\nviolations (", 1)[-1].splitlines()[1:]
+        return [line.strip() for line in itertools.takewhile(
+            lambda line: line.startswith("  "), lines)]
+    return re.findall(r"^VIOLATION seed=\d+ renewal=\w+ kinds=\S*: (.*?)  \[", output,
+                      re.MULTILINE)
 
 
 def patched_copy(patch: Path, root: Path) -> Path:
@@ -103,19 +151,41 @@ def test_mutants_are_there() -> None:
 @pytest.mark.parametrize("patch", MUTANTS, ids=lambda p: p.stem)
 def test_each_mutant_is_caught(patch: Path, tmp_path: Path) -> None:
     args = explore_args(patch)
-    if "--kinds" not in args and "--skip" not in args:
+    named = header(patch, "regression")
+    replayed = "--replay" in args or named is not None
+    expect = header(patch, "expect")
+    if "--kinds" not in args and "--skip" not in args and not replayed:
         args += SKIP_PENDING  # (the unpatched tree must be clean in the same cases)
     copy = patched_copy(patch, tmp_path / "tree")
-    caught = explore(*args, "--first", pythonpath=copy)
-    assert f"exploring {copy / 'shardlease'}" in caught.stdout, caught.stdout
-    assert caught.returncode == 1 and "VIOLATION" in caught.stdout, \
-        f"the explorer did not catch {patch.name} ({shlex.join(args)}):\n" \
-        f"{caught.stdout}\n{caught.stderr}"
+    if named is not None:
+        what = f"the regression case {named}"
+        caught = regression(named, pythonpath=copy)
+        assert f"running {copy / 'shardlease'}" in caught.stdout, caught.stdout
+    else:
+        what = shlex.join(args)
+        caught = explore(*args, *([] if replayed else ["--first"]), pythonpath=copy)
+        if not replayed:
+            assert f"exploring {copy / 'shardlease'}" in caught.stdout, caught.stdout
+    found = violations(caught.stdout, replayed)
+    assert caught.returncode == 1 and found, \
+        f"the explorer did not catch {patch.name} ({what}):\n{caught.stdout}\n{caught.stderr}"
+    if expect is not None:
+        assert any(v.startswith(expect) for v in found), \
+            f"{patch.name} was caught by no violation {expect}:\n{caught.stdout}"
     # The same cases on the unpatched tree: clean, so the mutant was caught.
-    clean = explore(*args, "--runs", str(runs(caught.stdout)))
-    assert clean.returncode == 0, \
-        f"the unpatched tree breaks an invariant in the cases that caught {patch.name}:\n" \
-        f"{clean.stdout}\n{clean.stderr}"
+    if named is not None:
+        clean = regression(named)
+    else:
+        clean = explore(*args, *([] if replayed else ["--runs", str(runs(caught.stdout))]))
+    if expect is None:
+        assert clean.returncode == 0, \
+            f"the unpatched tree breaks an invariant in the cases that caught {patch.name}:\n" \
+            f"{clean.stdout}\n{clean.stderr}"
+    else:  # (other violations there are open bugs of the kinds the mutant needs)
+        assert clean.returncode in (0, 1) and not any(
+            v.startswith(expect) for v in violations(clean.stdout, replayed)), \
+            f"the unpatched tree shows a violation {expect} in the cases that caught " \
+            f"{patch.name}:\n{clean.stdout}\n{clean.stderr}"
 
 
 def test_the_explorer_finds_nothing_on_the_tree() -> None:
