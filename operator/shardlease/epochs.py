@@ -19,7 +19,7 @@ from shardlease.calls import Calls
 from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
 from shardlease.observed import MISSING, Observed
-from shardlease.records import MAX_LEASE_TTL, Epoch, Lease, new_write_id
+from shardlease.records import MAX_LEASE_TTL, Epoch, Lease, Stored, new_write_id
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import EpochEnded, Telemetry
 
@@ -145,12 +145,8 @@ class EpochWatch:
             return False
         known = self._record_ttl.get(key)
         if known is None or known[0] != seen.version:
-            try:
-                stored = await self.calls.bounded(
-                    f"read of epoch {key[0]}/{key[1]}",
-                    functools.partial(self.store.get_epoch, self.cluster, *key))
-            except StoreError as e:
-                logger.info("could not read the epoch %s/%s: %s", *key, e)
+            read, stored = await self._read(key)
+            if not read:
                 return False
             if stored is None or stored.version != seen.version:
                 return False  # gone or changed since the listing: the next one says
@@ -160,17 +156,24 @@ class EpochWatch:
             known = self._record_ttl[key] = (seen.version, ttl)
         return now - seen.since > EPOCH_GC_TTLS * max(self.ttl(), known[1])
 
+    async def _read(self, key: EpochKey) -> tuple[bool, Stored[Epoch] | None]:
+        """One epoch record read (within a call's budget): (False, None) if the
+        read failed (logged), else (True, the record or None if missing)."""
+        try:
+            return True, await self.calls.bounded(
+                f"read of epoch {key[0]}/{key[1]}",
+                functools.partial(self.store.get_epoch, self.cluster, *key))
+        except StoreError as e:
+            logger.info("could not read the epoch %s/%s: %s", *key, e)
+            return False, None
+
     async def check_suspects(self) -> None:
         """Read the epochs that changed after a silence: one a peer ended is
         over, and its leases may be claimed now."""
         for key in list(self.suspects)[:PER_ROUND]:
             del self.suspects[key]
-            try:
-                stored = await self.calls.bounded(
-                    f"read of epoch {key[0]}/{key[1]}",
-                    functools.partial(self.store.get_epoch, self.cluster, *key))
-            except StoreError as e:
-                logger.info("could not read the epoch %s/%s: %s", *key, e)
+            read, stored = await self._read(key)
+            if not read:
                 continue
             if stored is not None and stored.record is not None and stored.record.ended_by:
                 self.ended.add(key)

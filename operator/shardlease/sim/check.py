@@ -49,7 +49,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shardlease.sim.faults import Fault, HostFault, StoreFault, fault_end
@@ -293,24 +293,30 @@ def check_announced(trace: Sequence[TraceEvent]) -> list[str]:
     return problems
 
 
-def check_fenced_closes(trace: Sequence[TraceEvent], margin: float) -> list[str]:
-    """(l)"""
+def check_fenced_closes(trace: Sequence[TraceEvent],
+                        margin: float | Callable[[str, int, int], float | None]) -> list[str]:
+    """(l). `margin`: one for every deadline, or the margin the runner gave
+    the deadline of (node, shard) in force at trace index i (a Reconfigure
+    changes the margin of the deadlines given from then on only, and a
+    lease's expiry is its deadline plus that margin)."""
+    margin_at = margin if callable(margin) else (lambda node, shard, i: margin)
     dl = deadlines(trace)
-    fenced: dict[tuple[str, int], float] = {}  # -> the deadline that was missed
+    fenced: dict[tuple[str, int], tuple[float, float]] = {}  # -> the deadline missed, margin
     problems = []
     for i, ev in enumerate(trace):
         key = (ev.node, ev.shard)
         match ev.kind:
             case "self_fence":
                 d = dl.at(ev.node, ev.shard, i)
-                if d is not None:
-                    fenced[key] = d
+                m = margin_at(ev.node, ev.shard, i)
+                if d is not None and m is not None:
+                    fenced[key] = (d, m)
             case "closed" if key in fenced:
-                d = fenced.pop(key)
-                if ev.t > d + margin + EPSILON:
+                d, m = fenced.pop(key)
+                if ev.t > d + m + EPSILON:
                     problems.append(f"(l) {ev.node} shard {ev.shard}: fenced at {d:.3f} but "
-                                    f"closed only at {ev.t:.3f}, after {d + margin:.3f} when "
-                                    f"its lease could be taken")
+                                    f"closed only at {ev.t:.3f}, after {d + m:.3f} when "
+                                    f"its lease could be taken (margin {m:g})")
             case "crash":
                 for k in [k for k in fenced if k[0] == ev.node]:
                     del fenced[k]

@@ -19,13 +19,11 @@ from shardlease.errors import ConfigError
 from shardlease.options import Options, describe_validation_error
 from shardlease.records import Renewal
 from shardlease.sim.check import (
-    EPSILON,
     Recovery,
     check_fenced_closes,
     check_open_somewhere,
     check_quiescence,
     check_trace,
-    deadlines,
     liveness_bound,
     recoveries,
 )
@@ -306,10 +304,9 @@ async def _scenario(
     recs = recoveries(trace)
     bound = recovery_bound if recovery_bound is not None else ttl_max + 2 * interval_max
     problems = list(world.violations) + quiet_problems + check_trace(trace)
-    if len(set(margins)) == 1:
-        problems += check_fenced_closes(trace, margins[0])
-    else:  # each deadline against the margin it was given with (Reconfigure)
-        problems += _check_fenced_closes(trace, world)
+    # Each deadline against the margin it was given with (Reconfigure).
+    problems += check_fenced_closes(
+        trace, margins[0] if len(set(margins)) == 1 else world.margin_at)
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl_max)
     problems += check_open_somewhere(trace, shards, faults, snapshot.t,
                                      liveness_bound(ttl_max, interval_max))
@@ -328,36 +325,6 @@ async def _scenario(
         rounds=dict(world.rounds), requests_per_round=per_round,
         request_times={n.label: list(n.store.times) for n in world.nodes}, counts=dict(counts),
         end=end, real_seconds=0.0)
-
-
-def _check_fenced_closes(trace: list[TraceEvent], world: World) -> list[str]:
-    """(l) as `check.check_fenced_closes`, but each fenced deadline against the
-    margin the runner gave it (`World.margin_at`), not one margin for all: a
-    Reconfigure changes the margin of the deadlines given from then on only,
-    and a lease's expiry is its deadline plus that margin."""
-    dl = deadlines(trace)
-    fenced: dict[tuple[str, int], tuple[float, float]] = {}
-    problems = []
-    for i, ev in enumerate(trace):
-        key = (ev.node, ev.shard)
-        match ev.kind:
-            case "self_fence":
-                d = dl.at(ev.node, ev.shard, i)
-                m = world.margin_at(ev.node, ev.shard, i)
-                if d is not None and m is not None:
-                    fenced[key] = (d, m)
-            case "closed" if key in fenced:
-                d, m = fenced.pop(key)
-                if ev.t > d + m + EPSILON:
-                    problems.append(f"(l) {ev.node} shard {ev.shard}: fenced at {d:.3f} but "
-                                    f"closed only at {ev.t:.3f}, after {d + m:.3f} when "
-                                    f"its lease could be taken (margin {m:g})")
-            case "crash":
-                for k in [k for k in fenced if k[0] == ev.node]:
-                    del fenced[k]
-            case _:
-                pass
-    return problems
 
 
 def _check_recoveries(recs: list[Recovery], faults: list[Fault],
