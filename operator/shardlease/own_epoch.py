@@ -58,6 +58,9 @@ class OwnEpoch:
         #: Deadline of every node-mode shard of the current epoch (monotonic).
         self.deadline: float | None = None
         self.retired = False
+        #: A create of the current epoch's record was sent and never answered
+        #: (it may have landed): the epoch is never created again (below).
+        self._created_unheard = False
         self._lock = asyncio.Lock()
 
     def valid(self) -> bool:
@@ -76,6 +79,15 @@ class OwnEpoch:
             held = self.shards_of(epoch)
             if silent and not held:
                 return True
+            if self.version is None and self._created_unheard:
+                # Its create may have landed unheard, and a peer may since
+                # have ended and deleted that record as a silent epoch's: a
+                # create now could bring an ended epoch back, one a peer takes
+                # leases of at once. A new epoch id cannot be mistaken.
+                logger.info("the create of epoch %s went unanswered: going on with a new one",
+                            epoch)
+                self._next(self.next_ttl())
+                epoch, held = self.epoch, self.shards_of(self.epoch)
             self._seq += 1
             record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch, seq=self._seq,
                            write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl)
@@ -89,10 +101,14 @@ class OwnEpoch:
                     budget=budget)
             except Conflict:
                 if await self._still_ours(epoch):
+                    if version is None and self.version is None:
+                        self._created_unheard = True  # (it exists; whose, unknown)
                     return False  # an earlier write of ours; its version is taken
                 self._lost(epoch)
                 return False
             except StoreError as e:
+                if version is None:
+                    self._created_unheard = True
                 logger.warning("epoch renewal failed (%d shard(s) depend on it): %s",
                                len(held), e)
                 if held:
@@ -162,6 +178,7 @@ class OwnEpoch:
         self.version = None
         self.deadline = None
         self.ttl = ttl
+        self._created_unheard = False
 
     async def retire(self) -> None:
         """Stop renewing the epoch and delete its record (after any write of

@@ -23,8 +23,10 @@ from shardlease.sim import (
     LEASE_WRITES,
     Corrupt,
     Fault,
+    HostFault,
     Join,
     Leave,
+    Pause,
     Reconfigure,
     StoreFault,
     SwarmCase,
@@ -62,6 +64,35 @@ def _ttl_cut(first: float, late: str, nodes: int, to: float = 15.0,
 CUT_TO_6 = (("lease_ttl", 6.0), ("interval", None), ("margin", None))
 
 REGRESSIONS: list[Regression] = [
+    # An owner's create of its epoch whose answers were lost went on being
+    # retried, beat after beat, as a create: a peer ended and deleted the
+    # silent record as garbage, the next create brought the ended epoch back,
+    # the owner claimed under it, and the peer's stale "collected" mark then
+    # deleted it without a compare-and-swap: six shards fenced unannounced
+    # ((k)); with a takeover end the peer's "ended" mark would have been a
+    # licence to take them at once. Fixed: an epoch whose create went
+    # unanswered is never created again; the node moves to a new epoch id.
+    Regression("seed-1723567695",
+               "pause,reconfigure_ttl,host,reconfigure_margin,lost_answers: (k) n1 shard 6: "
+               "self-fenced at 460.690 with no renew_slow before",
+               SwarmCase(nodes=4, shards=40, seed=828121453, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             Reconfigure(at=60.0, node="n0", changes=(("margin", 27.0),)),
+                             Reconfigure(at=60.0, node="n2", changes=(("margin", 27.0),)),
+                             Reconfigure(at=60.0, node="n3", changes=(("margin", 27.0),)),
+                             Reconfigure(at=68.4, node="n1", changes=(("margin", 27.0),)),
+                             Reconfigure(at=68.4, node=None, changes=(("margin", 27.0),)),
+                             HostFault(at=80.4, until=260.4, node="n1", open_latency=45.0,
+                                       close_latency=9.0, open_error_rate=0.2,
+                                       close_error_rate=0.6),
+                             Reconfigure(at=92.5, node="n2", changes=(
+                                 ("lease_ttl", 15.0), ("interval", 3.0), ("margin", 1.0))),
+                             StoreFault(at=97.0, until=457.0, node="n1", lost_reply_rate=1.0),
+                             Pause(at=107.2, node="n1", duration=2.0),
+                             Reconfigure(at=182.5, node=None, changes=(
+                                 ("lease_ttl", 15.0), ("interval", 3.0), ("margin", 1.0)))),
+                         kinds=("pause", "reconfigure_ttl", "host", "reconfigure_margin",
+                                "lost_answers"), origin=1723567695)),
     Regression("ttl-cut-while-epoch-writes-fail",
                "node mode, TTL 90 -> 15 in place on every node (n0 2.5 s late) while n0's epoch "
                "writes fail and a node leaves: a collected epoch's later leases (the review's A)",
