@@ -131,9 +131,6 @@ class Keeper:
     def own_epochs(self) -> set[str]:
         return self.own.all
 
-    def active(self) -> list[int]:
-        return [s for s, h in self.held.items() if h.phase is Phase.HELD]
-
     def shards_of(self, epoch: str) -> list[int]:
         """The held node-mode shards of `epoch` that are not closed."""
         return [s for s, h in self.held.items()

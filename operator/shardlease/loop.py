@@ -610,7 +610,6 @@ class PlacementLoop:
                                   duration=self.clock.monotonic() - started,
                                   ok=leases is not None))
 
-
     def _placement_held(self) -> list[placement.Held]:
         return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
                                opened=self.runner.state(s) not in (State.WAITING, None))
