@@ -7,6 +7,7 @@ check first that the shards involved do differ in preference."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ from shardlease.placement import (
     COOLDOWN_FIRST,
     COOLDOWN_MAX,
     COOLDOWN_WAIVED,
+    SPARES,
     Candidate,
     Held,
     Plan,
@@ -32,7 +34,7 @@ TTL = 15.0
 NOW = 1000.0
 
 
-def by_preference(shards: list[int], node: str = NODE) -> tuple[int, ...]:
+def by_preference(shards: Iterable[int], node: str = NODE) -> tuple[int, ...]:
     """`shards`, the most preferred by `node` first."""
     return tuple(sorted(shards, key=lambda s: preference(node, s), reverse=True))
 
@@ -258,6 +260,40 @@ def test_a_whole_plan() -> None:
     v = view(held=(held(9), held(0), held(1), held(2), held(3)),
              candidates=(free(4, free_for=ORPHAN), free(5)))
     assert plan(v) == Plan(share=4, release=(9,), claim=(), adopt=(4,))
+
+
+@pytest.mark.parametrize(("v", "spare"), [
+    # share 4, 2 held, 6 eligible: 2 claims, the next 4 are the spares, in order.
+    (view(held=(held(6), held(7)), candidates=tuple(free(s) for s in range(6))),
+     by_preference(range(6))[2:6]),
+    # 8 eligible: no more than SPARES of them.
+    (view(shards=16, held=tuple(held(s) for s in range(8, 14)),
+          candidates=tuple(free(s) for s in range(8))),
+     by_preference(range(8))[2:2 + SPARES]),
+    # a shard adopted is not also a spare.
+    (view(shards=12, live=3, held=(held(6), held(7), held(8)),
+          candidates=tuple(free(s, free_for=ORPHAN) for s in range(6))),
+     by_preference(range(6))[1 + ADOPT_PER_ROUND:1 + ADOPT_PER_ROUND + SPARES]),
+    # a cooling shard is no spare either.
+    (view(held=(held(6), held(7)),
+          candidates=(free(0), free(1), free(2, cooling_until=COOLING))), ()),
+    # at the share: no claim to fall back from, no spares.
+    (view(held=tuple(held(s) for s in (6, 7, 8, 9)), shards=16, live=4,
+          candidates=tuple(free(s) for s in range(6))), ()),
+    # stopping: none.
+    (view(stopping=True, candidates=tuple(free(s) for s in range(6))), ()),
+], ids=[
+    "the eligible shards after the claims are the spares, the most preferred first",
+    "at most SPARES spares",
+    "an adopted shard is not a spare",
+    "a cooling shard is not a spare",
+    "a node at its share has no spares",
+    "a stopping node has no spares",
+])
+def test_spares(v: View, spare: tuple[int, ...]) -> None:
+    p = plan(v)
+    assert p.spare == spare
+    assert not set(p.spare) & (set(p.claim) | set(p.adopt))
 
 
 # -- cooldowns ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from shardlease.errors import CorruptRecord
 from shardlease.records import (
     FORMAT,
+    MAX_KEEPS_SHARD,
     Epoch,
     Heartbeat,
     Lease,
@@ -19,7 +20,9 @@ from shardlease.records import (
     decode_epoch,
     decode_heartbeat,
     decode_lease,
+    decode_shards,
     encode,
+    encode_shards,
     stored_epoch,
     stored_lease,
 )
@@ -185,3 +188,35 @@ def test_a_kubernetes_format_annotation_that_is_no_format_number_is_corrupt(
     got = object_to_lease(obj, CLUSTER, 3)
     assert got.record is None and got.newer_format is None and got.error
     assert got.generation == 41
+
+
+# -- what an epoch keeps ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [
+    [], [0], [7], [8], [3, 9, 64], list(range(100)), list(range(0, 8192, 3)),
+    [MAX_KEEPS_SHARD], list(range(MAX_KEEPS_SHARD + 1)),
+], ids=["none", "shard 0", "the last of a byte", "the first of the next", "scattered",
+        "a run", "every third of 8192", "the highest", "all 8192"])
+def test_a_shard_set_round_trips_as_a_bitmap(shards: list[int]) -> None:
+    text = encode_shards(shards)
+    assert text is not None and decode_shards(text) == frozenset(shards)
+    assert len(text) <= 1368
+    Epoch.model_validate(epoch_json(keeps=text))  # (a valid field)
+
+
+def test_a_shard_above_the_bitmap_says_nothing_rather_than_part() -> None:
+    # None: "every shard may be kept" (peers wait for the epoch), never a subset.
+    assert encode_shards([1, MAX_KEEPS_SHARD + 1]) is None
+
+
+@pytest.mark.parametrize("keeps", ["not base64!", "A" * 1369, "=AAA"])
+def test_an_epoch_whose_keeps_is_no_bitmap_is_corrupt(keeps: str) -> None:
+    with pytest.raises(CorruptRecord):
+        decode_epoch(raw(epoch_json(keeps=keeps)), CLUSTER, "node-a", "e1")
+
+
+def test_an_epoch_without_keeps_says_nothing() -> None:
+    record = epoch_json()
+    del record["keeps"]
+    assert decode_epoch(raw(record), CLUSTER, "node-a", "e1").keeps is None

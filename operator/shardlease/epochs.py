@@ -67,6 +67,13 @@ class EpochWatch:
         self.suspects: dict[EpochKey, None] = {}  # ordered: simulations replay
         #: False until a listing succeeded, and after one failed.
         self.fresh = False
+        #: Since when every listing has succeeded (None: the last one failed,
+        #: or none was made), and when an epoch last vanished from them
+        #: without being seen ended: deleted records say nothing of what they
+        #: kept, so a damaged record nobody is known to keep waits a TTL past
+        #: both (`LeaseView.attribute`).
+        self.watching_since: float | None = None
+        self.vanished_at = float("-inf")
 
     async def read(self) -> dict[EpochKey, str] | None:
         """The epoch listing, or None (logged) if it failed."""
@@ -76,9 +83,17 @@ class EpochWatch:
         except StoreError as e:
             logger.warning("could not read the epochs, no node-mode claims this round: %s", e)
             self.fresh = False
+            self.watching_since = None
             return None
+        if not self.fresh or self.watching_since is None:
+            self.watching_since = self.clock.monotonic()
         self.fresh = True
         return epochs
+
+    def unread(self) -> None:
+        """No listing this round (none wanted): nothing is fresh."""
+        self.fresh = False
+        self.watching_since = None
 
     def observe(self, epochs: Mapping[EpochKey, str], named: Mapping[EpochKey, object]) -> None:
         """Track each listed epoch and each epoch a node-mode lease names
@@ -95,6 +110,8 @@ class EpochWatch:
                     self.suspects[key] = None  # its owner writes every interval
                 self.seen.see(key, version, now)
         for key in set(self.seen.keys()) - set(epochs) - set(named):
+            if key not in self.ended and key not in self.collected:
+                self.vanished_at = now
             self.seen.forget(key)
             self.ended.discard(key)
             self.collected.discard(key)
@@ -167,6 +184,32 @@ class EpochWatch:
             logger.info("could not read the epoch %s/%s: %s", *key, e)
             return False, None
 
+    async def keepers(self, own: set[str]) -> list[Epoch] | None:
+        """Every epoch record of the cluster that is not ended, read afresh
+        (a listing, then each one; not ours: `own`): who may keep a shard
+        whose record is damaged, for a node that never saw it readable. None
+        if any of it failed (nothing may be concluded then)."""
+        try:
+            listed = await self.calls.bounded("epoch listing",
+                                              lambda: self.store.list_epochs(self.cluster))
+        except StoreError as e:
+            logger.info("could not list the epochs to find who keeps a damaged record: %s", e)
+            return None
+        records = []
+        for key in listed:
+            if key in self.ended or (key[0] == self.name and key[1] in own):
+                continue
+            read, stored = await self._read(key)
+            if not read:
+                return None
+            if stored is None:
+                continue  # deleted since the listing: retired or collected, over
+            if stored.record is None:
+                return None  # unreadable: it may keep anything, for a TTL nobody knows
+            if stored.record.ended_by is None:
+                records.append(stored.record)
+        return records
+
     async def check_suspects(self) -> None:
         """Read the epochs that changed after a silence: one a peer ended is
         over, and its leases may be claimed now."""
@@ -207,6 +250,17 @@ class EpochWatch:
             await self.calls.bounded(f"end of epoch {node}/{epoch}",
                                      lambda: self.store.write_epoch(record, version))
         except Conflict:
+            # Most often a peer that saw the same silence ended it first: read
+            # once, so that this node takes its share of the leases in this
+            # round, not the next (a record read ended is over, as in
+            # `check_suspects`).
+            read, stored = await self._read(key)
+            if read and stored is not None and stored.record is not None \
+                    and stored.record.ended_by is not None and not garbage:
+                self.ended.add(key)
+                logger.info("epoch %s/%s was ended by %s first", node, epoch,
+                            stored.record.ended_by)
+                return True
             logger.info("epoch %s/%s changed since it was read: not taken over", node, epoch)
             return False
         except StoreError as e:

@@ -493,12 +493,13 @@ class PlacementLoop:
 
     def _epochs_wanted(self) -> bool:
         """Node mode reads the epochs every round; shard mode only while
-        node-mode leases exist (their owners are live by their epochs)."""
-        return self.mode == "node" or self._node_leases
+        node-mode leases exist (their owners are live by their epochs), or a
+        damaged record (a node-mode owner may keep it: `_attribute`)."""
+        return self.mode == "node" or self._node_leases or bool(self.view.damaged)
 
     async def _read_epochs(self) -> dict[EpochKey, str] | None:
         if not self._epochs_wanted():
-            self.epoch_watch.fresh = False
+            self.epoch_watch.unread()
             return None
         return await self.epoch_watch.read()
 
@@ -586,6 +587,8 @@ class PlacementLoop:
             await self.keeper.check_held(leases, started)
         if withdrawn:
             await self.keeper.probe()
+        if leases is not None and not self.stopping:
+            await self._attribute(leases)
         plan = self._plan(leases if not first and self.runner.running else None, len(live),
                           stopping=self.stopping or withdrawn)
         share = plan.share
@@ -594,7 +597,7 @@ class PlacementLoop:
         if leases is not None and self.stopping:
             await self.keeper.free_strays(leases)
         elif leases is not None and not first and self.runner.running:
-            await self._claim(leases, plan.claim, plan.adopt)
+            await self._claim(leases, plan.claim, plan.adopt, plan.spare)
             if self.mode == "node":
                 # A lease of ours that we do not hold (a claim whose answer was
                 # lost and could not be recognised): under our live epoch
@@ -609,6 +612,21 @@ class PlacementLoop:
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
                                   ok=leases is not None))
+
+    async def _attribute(self, leases: dict[int, Stored[Lease]]) -> None:
+        """Damaged records (corrupt, or deleted under a node-mode owner) that
+        this node never saw readable, unchanged for a TTL: who keeps them is
+        read from the epochs (`EpochWatch.keepers`), so that none is claimed
+        from a node-mode owner that cannot see the damage (its listings
+        stale, its repairs failing) and keeps the shard by its epoch."""
+        pending = [s for s in self.view.idle if s not in self.held and s in self.view.damaged
+                   and self.view.kept_by_epoch(s) is None]
+        watching = self.epoch_watch.watching_since
+        keepers = None
+        if pending and watching is not None:
+            keepers = await self.epoch_watch.keepers(self.own.all)
+        self.view.attribute(pending, leases, keepers, self.clock.monotonic(),
+                            since=max(watching or 0.0, self.epoch_watch.vanished_at))
 
     def _placement_held(self) -> list[placement.Held]:
         return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
@@ -655,8 +673,11 @@ class PlacementLoop:
         return leases
 
     async def _claim(self, leases: dict[int, Stored[Lease]], chosen: Iterable[int],
-                     adopt: Iterable[int]) -> None:
+                     adopt: Iterable[int], spare: Iterable[int] = ()) -> None:
         chosen, adopted = list(chosen), set(adopt)
+        # A chosen shard lost to a peer (its claim or its epoch's end was
+        # first) is followed by the next spare, in this round.
+        spares = iter(list(spare))
         if not chosen and not adopted:
             return
         if self.mode == "node" and not self.own.valid():
@@ -665,7 +686,13 @@ class PlacementLoop:
         # Each silent epoch is ended once, before any of its leases is claimed.
         ending: dict[EpochKey, asyncio.Task[bool]] = {}
 
-        async def one(shard: int) -> None:
+        async def slot(shard: int) -> None:
+            while not await one(shard) and shard not in adopted \
+                    and (shard := next(spares, -1)) >= 0:
+                pass
+
+        async def one(shard: int) -> bool:
+            """Claim `shard`; False if a peer was first."""
             stored = leases.get(shard)
             rec = stored.record if stored is not None else None
             if stored is not None and rec is None:
@@ -676,16 +703,17 @@ class PlacementLoop:
                 if key not in ending:
                     ending[key] = asyncio.create_task(self.epoch_watch.end(key))
                 if not await asyncio.shield(ending[key]):
-                    return
+                    return False
             async with limit:
                 try:
-                    await self._claim_one(shard, stored, adopted=shard in adopted)
+                    return await self._claim_one(shard, stored, adopted=shard in adopted)
                 except StoreError as e:
                     logger.info("claim of shard %d failed: %s", shard, e)
+                    return True  # (not lost to a peer: a failing store is not raced)
 
         try:
             async with asyncio.timeout(self.budget):
-                await asyncio.gather(*(one(s) for s in [*chosen, *adopted]))
+                await asyncio.gather(*(slot(s) for s in [*chosen, *adopted]))
         except TimeoutError:
             # A claim abandoned in flight may still land: the lease then names
             # this incarnation, and is claimed again or freed as a stray.
@@ -694,7 +722,8 @@ class PlacementLoop:
             await _cancel(*ending.values())
 
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
-                         adopted: bool = False) -> None:
+                         adopted: bool = False) -> bool:
+        """Claim one shard (and open it); False if another node was first."""
         # A corrupt record still carries the generation its raw bytes show.
         previous = stored.generation if stored is not None else None
         if stored is not None and stored.record is None:
@@ -713,11 +742,17 @@ class PlacementLoop:
             version = await self.keeper.write(lease, stored.version if stored else None)
         except Conflict:
             logger.debug("shard %d: lost the race to claim it", shard)
-            return
+            return False
         self.view.max_generation[shard] = generation
-        # Node mode: valid until the epoch's deadline (the claim's own write
-        # extends nothing), and only if the epoch it names is still ours.
-        deadline = self.own.deadline if by_epoch else self.keeper.deadline(sent, lease.ttl)
+        # Node mode: valid until the epoch's deadline, and only if the epoch
+        # it names is still ours; and no longer than the claim's own write
+        # gives until an epoch write names the shard (`keeps`): a peer that
+        # finds this record damaged, and reads our epoch to learn who keeps
+        # it, reads a write that may have been sent before this claim landed.
+        deadline: float | None = self.keeper.deadline(sent, lease.ttl)
+        if by_epoch:
+            deadline = None if self.own.deadline is None or deadline is None \
+                else min(deadline, self.own.deadline)
         if self.stopping or deadline is None or (by_epoch and (
                 epoch != self.epoch or deadline <= self.clock.monotonic())):
             # Stopped (or the epoch ended, or its deadline passed: a slow
@@ -727,7 +762,7 @@ class PlacementLoop:
             held.closed(Reason.SHUTDOWN if self.stopping else Reason.FENCED,
                         self.clock.monotonic())
             self.held[shard] = held
-            return
+            return True
         self.held[shard] = Held(lease, version, adopted=adopted,
                                 changed_at=self.clock.monotonic())
         self.view.claimed(shard, lease)
@@ -739,6 +774,7 @@ class PlacementLoop:
             logger.info("shard %d was free for over a TTL: claimed above the share", shard)
         self.telemetry.emit(Claim(cluster=self.cluster, node=self.name, shard=shard,
                                   generation=generation))
+        return True
 
     # -- after the runner closed a shard ----------------------------------------
 

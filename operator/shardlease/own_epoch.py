@@ -20,7 +20,7 @@ from collections.abc import Callable
 from shardlease.calls import Calls
 from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
-from shardlease.records import Epoch, new_write_id
+from shardlease.records import Epoch, encode_shards, new_write_id
 from shardlease.runner import Runner
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import EpochEnded, RenewFailed, Telemetry
@@ -89,8 +89,13 @@ class OwnEpoch:
                 self._next(self.next_ttl())
                 epoch, held = self.epoch, self.shards_of(self.epoch)
             self._seq += 1
+            # The record says what it keeps (a peer that finds one of these
+            # records damaged learns its keeper here), and its success extends
+            # exactly that: a shard opened while it was in flight keeps the
+            # deadline its claim gave it until a write names it.
             record = Epoch(cluster=self.cluster, node=self.name, epoch=epoch, seq=self._seq,
-                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl)
+                           write_id=new_write_id(), at=self.clock.wall(), ttl=self.ttl,
+                           keeps=encode_shards(held))
             sent = self.clock.monotonic()
             # Useful until the shards' deadline, like a renewal.
             budget = self.deadline - sent if held and self.deadline is not None else None
@@ -117,8 +122,10 @@ class OwnEpoch:
                 return False
             self.version = written
             self.deadline = sent + self.ttl - self.margin()
-            for shard in self.shards_of(epoch):
-                self.runner.extend(shard, self.deadline)
+            still = set(self.shards_of(epoch))
+            for shard in held:
+                if shard in still:
+                    self.runner.extend(shard, self.deadline)
             self.runner.flush()  # the host learns the moved deadlines, in one call
         return True
 

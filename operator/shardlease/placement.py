@@ -69,6 +69,8 @@ COOLDOWN_MAX = 8.0
 COOLDOWN_WAIVED = 2.0
 #: Shards free for longer than a TTL that a node claims above its share per round.
 ADOPT_PER_ROUND = 1
+#: Eligible shards beyond the claims a round may fall back on after lost races.
+SPARES = 4
 
 # Past this many doublings the cooldown is at its cap whatever COOLDOWN_FIRST is
 # (2**64 times anything sensible exceeds COOLDOWN_MAX); bounding the exponent
@@ -155,6 +157,10 @@ class Plan:
     #: Shards to claim above the share: free for longer than a TTL,
     #: ADOPT_PER_ROUND at most.
     adopt: tuple[int, ...]
+    #: The other eligible shards, the most preferred first (SPARES at most):
+    #: a claim that loses its race to a peer (peers see the same silence at
+    #: the same time) is followed by the next of these in the same round.
+    spare: tuple[int, ...] = ()
 
 
 def releases_beyond(held: Iterable[Held], shards: int) -> tuple[int, ...]:
@@ -181,8 +187,10 @@ def plan(view: View) -> Plan:
     eligible.sort(key=lambda c: preference(view.node, c.shard), reverse=True)
     claim = tuple(c.shard for c in eligible[:want])
     orphans = [c.shard for c in eligible[want:] if c.free_for > view.ttl]
-    return Plan(share=share, release=release, claim=claim,
-                adopt=tuple(orphans[:ADOPT_PER_ROUND]))
+    adopt = tuple(orphans[:ADOPT_PER_ROUND])
+    spare = tuple(c.shard for c in eligible[want:] if c.shard not in adopt)[:SPARES] \
+        if want else ()
+    return Plan(share=share, release=release, claim=claim, adopt=adopt, spare=spare)
 
 
 def _excess(node: str, keep: list[Held], share: int) -> tuple[int, ...]:

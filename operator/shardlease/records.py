@@ -17,9 +17,12 @@ functions. A change of the record format is then safe by construction: bump
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -44,6 +47,11 @@ MAX_LEASE_TTL = 3600.0
 #: 64-bit integer, where applications keep the fencing token.
 _MAX_GENERATION = 2**63 - 1
 
+#: The most shards an epoch record lists in `keeps` (the most a ShardSet may
+#: have); a node keeping a higher one writes `keeps=None` (every shard).
+MAX_KEEPS_SHARD = 8191
+_KEEPS_CHARS = 4 * (((MAX_KEEPS_SHARD + 8) // 8 + 2) // 3)
+
 NodeName = str
 #: How a node keeps the leases it holds (see `Lease.renewal`).
 Renewal = Literal["shard", "node"]
@@ -64,6 +72,32 @@ class NewerFormat(CorruptRecord):
         super().__init__(f"{kind} record is format {format}, newer than the format {FORMAT} "
                          "this version knows: not read (written by a newer shardlease?)")
         self.format = format
+
+
+def encode_shards(shards: Iterable[int]) -> str | None:
+    """A set of shards as a bitmap (bit i of byte i // 8: shard i), in
+    base64: at most 1,368 characters for 8,192 shards, however scattered.
+    None if a shard is above MAX_KEEPS_SHARD."""
+    shards = list(shards)
+    if not shards:
+        return ""
+    top = max(shards)
+    if top > MAX_KEEPS_SHARD or min(shards) < 0:
+        return None
+    bits = bytearray(top // 8 + 1)
+    for shard in shards:
+        bits[shard // 8] |= 1 << (shard % 8)
+    return base64.b64encode(bytes(bits)).decode()
+
+
+def decode_shards(text: str) -> frozenset[int]:
+    """The shards of an `encode_shards` bitmap; raises `CorruptRecord` if it is none."""
+    try:
+        bits = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise CorruptRecord(f"not a shard bitmap: {e}") from None
+    return frozenset(8 * i + b for i, byte in enumerate(bits) for b in range(8)
+                     if byte >> b & 1)
 
 
 class Lease(BaseModel):
@@ -120,6 +154,12 @@ class Epoch(BaseModel):
     ttl: float = Field(gt=0, le=MAX_LEASE_TTL)
     #: Who ended the epoch; None while the owner keeps it.
     ended_by: NodeName | None = Field(default=None, min_length=1, max_length=253)
+    #: The shards the owner keeps open by this epoch as of this write, as a
+    #: bitmap (`encode_shards`). A peer that finds a lease record damaged and
+    #: never saw who kept it learns it here (docs/renewal.md, "Records written
+    #: by others"). None: not said (every shard may be kept).
+    keeps: str | None = Field(default=None, max_length=_KEEPS_CHARS,
+                              pattern=r"^[A-Za-z0-9+/]*={0,2}$")
     #: The record format (see `FORMAT`); records older than the field are 1.
     format: int = Field(default=FORMAT, ge=1, strict=True)
 

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shardlease.epochs import EpochKey, EpochWatch
+from shardlease.errors import CorruptRecord
 from shardlease.observed import Observed
-from shardlease.records import Lease, Stored
+from shardlease.records import Epoch, Lease, Stored, decode_shards
 from shardlease.telemetry import CorruptLease, NewerRecord, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
@@ -61,6 +62,11 @@ class LeaseView:
         #: Shards held by a record unchanged for a TTL (shard mode, or
         #: corrupt): perhaps expired, looked at by a node at its share.
         self.idle: list[int] = []
+        #: Shards whose record is corrupt (not a newer format's) in the last listing.
+        self.damaged: set[int] = set()
+        #: Damaged records the epochs say nobody keeps, by version: claimable
+        #: this round (`attribute`).
+        self.unkept: dict[int, str] = {}
 
     def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
                 held: Iterable[tuple[int, Lease]]) -> None:
@@ -69,6 +75,7 @@ class LeaseView:
         named: dict[EpochKey, list[int]] = {}
         free: list[int] = []
         idle: list[int] = []
+        damaged: set[int] = set()
         ttl = self.ttl()
         for shard in range(shards):
             stored = leases.get(shard)
@@ -93,13 +100,22 @@ class LeaseView:
                 if rec.renewal == "node":
                     named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
                     continue
+            elif stored.newer_format is None:
+                damaged.add(shard)
             seen = self.seen.get(shard)
             if seen is not None and now - seen.since > ttl:
                 idle.append(shard)
+        for shard in sorted(damaged):
+            # A damaged record of a node-mode owner's is its epoch's until that
+            # epoch is over: the epoch is watched (and not collected as
+            # garbage) as if the record still named it.
+            if (kept := self.kept_by_epoch(shard)) is not None:
+                named.setdefault((kept.owner or "", kept.incarnation or ""), []).append(shard)
         for shard, lease in held:
             owners[shard] = Owner(shard, self.name, lease.generation, lease.since)
         self.owners, self.last, self.named, self.free, self.idle = (
             owners, leases, named, free, idle)
+        self.damaged = damaged
 
     def _report(self, shard: int, stored: Stored[Lease]) -> None:
         if stored.newer_format is not None:
@@ -157,7 +173,56 @@ class LeaseView:
             # Corrupt under a node-mode owner, which may not see it (its
             # listings failing) and keeps the shard while its epoch lives.
             return self.epochs.over(kept, now)
+        if rec is None:
+            return self.unkept.get(shard) == stored.version
         return True
+
+    def attribute(self, shards: Iterable[int], leases: dict[int, Stored[Lease]],
+                  keepers: list[Epoch] | None, now: float, *, since: float) -> None:
+        """Judge damaged records this node never saw readable (`shards`) by
+        the epoch records not ended (`keepers`, read after the records were
+        seen unchanged for a TTL; None if they could not be read): one an
+        epoch says it keeps (or one that says nothing) is that epoch's, as if
+        this node had seen its record (`kept_by_epoch`: claimable once the
+        epoch is over); one no epoch keeps is claimable this round, once
+        seen unchanged for the longest TTL of ours and theirs since `since`
+        (since when every epoch listing succeeded, and no epoch vanished
+        unseen: a deleted record no longer says what it kept).
+
+        Why that suffices: an owner that keeps a shard open by its epoch has
+        it in `keeps` of every epoch write since the first one after it
+        opened the shard, and until then holds it no longer than its claim
+        gave (sent + TTL - margin; loop.PlacementLoop._claim_one). The damage
+        came after that claim landed, and this node read the epoch at least a
+        TTL after it saw the damage: a write that lacks the shard was its
+        owner's last, and its deadline has passed."""
+        self.unkept = {}
+        if keepers is None:
+            return
+        kept: list[tuple[Epoch, frozenset[int] | None]] = []
+        for epoch in keepers:
+            try:
+                kept.append((epoch, None if epoch.keeps is None
+                             else decode_shards(epoch.keeps)))
+            except CorruptRecord:
+                kept.append((epoch, None))
+        wait = max([self.ttl(), *(e.ttl for e in keepers)])
+        for shard in shards:
+            stored = leases.get(shard)
+            seen = self.seen.get(shard)
+            if stored is None or seen is None:
+                continue
+            keeper = next((e for e, s in kept if s is None or shard in s), None)
+            if keeper is not None:
+                logger.warning("shard %d: its damaged record is kept by epoch %s of node %s: "
+                               "left to it until that epoch is over", shard, keeper.epoch,
+                               keeper.node)
+                self.readable[shard] = Lease(
+                    cluster=self.cluster, shard=shard, owner=keeper.node,
+                    generation=stored.generation or 0, incarnation=keeper.epoch,
+                    write_id="learned-from-its-epoch", ttl=keeper.ttl, renewal="node")
+            elif now - max(seen.since, since) > wait:
+                self.unkept[shard] = stored.version
 
     def kept_by_epoch(self, shard: int) -> Lease | None:
         """The last valid record of a shard whose record is corrupt now, if it

@@ -22,6 +22,7 @@ from shardlease.records import Renewal
 from shardlease.sim import (
     LEASE_WRITES,
     Corrupt,
+    Crash,
     Fault,
     HostFault,
     Join,
@@ -231,18 +232,12 @@ REGRESSIONS: list[Regression] = [
                                         lost_reply_rate=0.3, calls=LEASE_WRITES),
                              Corrupt(at=30.5, shard=5, how="truncated")),
                          kinds=("corrupt", "store_one"), origin=1474307277)),
-]
-
-#: Found or made cases whose bug is known and not fixed yet: each must still
-#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
-PENDING: list[Regression] = [
-    # H' (open): node mode, a record corrupted under its live owner whose
-    # listings are stale for longer than a TTL (a lagging cache), taken by a
-    # node that joined after the damage (so never saw who kept it) once it has
-    # seen the damage unchanged for a TTL, while the owner still cannot see it:
-    # (a). Node mode keeps a lease by its epoch, so only the owner's listing
-    # can show it that another writer destroyed its record; docs/renewal.md
-    # ("Records written by others") says so.
+    # H' (fixed: the epoch records say what they keep, and a node that never
+    # saw a damaged record readable reads them before it claims it): node
+    # mode, a record corrupted under its live owner whose listings are stale
+    # for longer than a TTL (a lagging cache), taken by a node that joined
+    # after the damage (so never saw who kept it) once it had seen the damage
+    # unchanged for a TTL, while the owner still could not see it: (a).
     Regression("seed-4249663667",
                "corrupt,store_one,join,stale: (a) shard 2: open on j1 (generation 2) at 243.500 "
                "while still open on n0 (generation 1, deadline 360.539) until 250.539",
@@ -256,8 +251,99 @@ PENDING: list[Regression] = [
                                         error_rate=0.3, lost_reply_rate=0.3,
                                         calls=LEASE_WRITES)),
                          kinds=("corrupt", "store_one", "join", "stale"), origin=4249663667)),
+    # (d), fixed: peers that lost the race to end n2's silent epoch waited a
+    # round; now one that loses reads the epoch ended and claims in the same
+    # round, and a claim lost to a peer falls back on the next eligible shard
+    # (placement.Plan.spare).
+    Regression("seed-3481106407",
+               "reconfigure_margin,crash: (d) the shards [2, 9, 10] of n2, crashed at 71.600, "
+               "were not all open elsewhere within 50s (took 50.2)",
+               SwarmCase(nodes=6, shards=12, seed=2494369678, lease_ttl=30.0, interval=None,
+                         margin=None, max_concurrency=16, renewal="node", faults=(
+                             Reconfigure(at=21.8, node=None, changes=(("margin", 15.0),)),
+                             Crash(at=21.8, node="n3"),
+                             Crash(at=71.6, node="n2")),
+                         kinds=("reconfigure_margin", "crash"), origin=3481106407)),
+    # (c), a checker bound: a move 3.7 s before the quiescence snapshot, less
+    # than a round, so n0's lookup had not seen it. Routing is now checked
+    # once every node has had a round after the last move.
+    Regression("seed-1600028587",
+               "store_one,reconfigure_margin,crash,host,join: (c) at 175.300: n0 routes "
+               "shard 3 to None, not to j0",
+               SwarmCase(nodes=1, shards=5, seed=2364772270, lease_ttl=30.0, interval=4.0,
+                         margin=2.0, max_concurrency=16, renewal="shard", faults=(
+                             StoreFault(at=12.6, until=72.6, node="j0", error_rate=1.0,
+                                        calls=frozenset({"update_lease"})),
+                             Crash(at=19.4, node="j0"),
+                             Join(at=19.4, node="j0", wall_skew=-300.0),
+                             HostFault(at=24.3, until=84.3, node=None, open_latency=15.0,
+                                       close_latency=9.0, open_error_rate=0.6),
+                             StoreFault(at=42.7, until=87.7, node=None, error_rate=0.7,
+                                        calls=frozenset({"list_epochs"})),
+                             Reconfigure(at=53.6, node="n0", changes=(("margin", 3.0),)),
+                             Reconfigure(at=83.6, node=None, changes=(("margin", 3.0),))),
+                         kinds=("store_one", "reconfigure_margin", "crash", "host", "join"),
+                         origin=1600028587)),
+    # Found once corrupt records joined the swarm: a damaged record kept by
+    # an epoch that was then collected (or retired) waited for that epoch to
+    # end for ever, since nothing watched the epoch once no readable lease
+    # named it: (c), the shard open nowhere. The epoch a damaged record is
+    # kept by is now watched as if the record named it (view.LeaseView.observe).
+    Regression("seed-1721239180",
+               "store_all,corrupt: (c) at 149.600: shard 1 is open on no live node",
+               SwarmCase(nodes=3, shards=4, seed=47886520, lease_ttl=15.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="node", faults=(
+                             StoreFault(at=15.5, until=38.0, jitter=1.5, error_rate=1.0,
+                                        lost_reply_rate=0.3),
+                             StoreFault(at=22.0, until=82.0, lost_reply_rate=0.3),
+                             Corrupt(at=22.0, shard=1, how="truncated"),
+                             Corrupt(at=26.5, shard=3, how="truncated"),
+                             StoreFault(at=38.1, until=98.1, jitter=1.5, error_rate=1.0),
+                             Corrupt(at=52.4, shard=3, how="truncated")),
+                         kinds=("store_all", "corrupt"), origin=1721239180)),
+    Regression("seed-122702257",
+               "pause,reconfigure_interval,leave,corrupt: (c) at 559.100: shard 0 is open on "
+               "no live node",
+               SwarmCase(nodes=3, shards=2, seed=2878722879, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="node", faults=(
+                             Corrupt(at=216.0, shard=1, how="garbage"),
+                             Pause(at=220.3, node="n2", duration=2.0),
+                             Leave(at=224.2, node="n0"),
+                             Leave(at=247.9, node="n1"),
+                             Corrupt(at=247.9, shard=0, how="truncated"),
+                             Reconfigure(at=253.6, node="n0", changes=(("interval", None),)),
+                             Reconfigure(at=253.6, node="n1", changes=(("interval", None),)),
+                             Reconfigure(at=259.1, node="n2", changes=(("interval", None),)),
+                             Reconfigure(at=259.1, node=None, changes=(("interval", None),))),
+                         kinds=("pause", "reconfigure_interval", "leave", "corrupt"),
+                         origin=122702257)),
+]
+
+#: Found or made cases whose bug is known and not fixed yet: each must still
+#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
+PENDING: list[Regression] = [
+    # Issue 18, item 4 (open): a claim over a record of pure garbage cannot
+    # know the generation it must go above; a node that restarted (and so
+    # knows no generation of its own) claims at 1 again: (b). Its fix reads
+    # the highest generation from elsewhere (the ShardSet status, the
+    # application's refusal).
+    Regression("seed-2834780249",
+               "garbage,host,crash,join,store_one: (b) shard 0: n0#1 asked to open generation 1 "
+               "at 511.800 after n0 opened generation 1 at 53.148",
+               SwarmCase(nodes=1, shards=1, seed=1093013813, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             StoreFault(at=170.0, until=305.0, node="n0", error_rate=0.7,
+                                        lost_reply_rate=1.0,
+                                        calls=frozenset({"update_epoch", "create_epoch"})),
+                             Corrupt(at=261.0, shard=0, how="garbage"),
+                             Crash(at=284.6, node="n0"),
+                             HostFault(at=294.5, until=654.5, node=None, open_latency=9.0,
+                                       close_latency=27.0, refuse=frozenset({0})),
+                             Join(at=391.8, node="n0", wall_skew=0.0)),
+                         kinds=("garbage", "host", "crash", "join", "store_one"),
+                         origin=2834780249)),
 ]
 
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-PENDING_KINDS: tuple[str, ...] = ("corrupt",)
+PENDING_KINDS: tuple[str, ...] = ("garbage",)

@@ -45,13 +45,16 @@ import pytest
 
 from shardlease.errors import Conflict, StoreError
 from shardlease.records import (
+    MAX_KEEPS_SHARD,
     MAX_LEASE_TTL,
     MAX_RECORD_BYTES,
     Epoch,
     Heartbeat,
     Lease,
     Stored,
+    decode_shards,
     encode,
+    encode_shards,
     new_write_id,
 )
 from shardlease.stores.base import VANISHED, LeaseStore
@@ -233,6 +236,23 @@ class StoreContract:
         got = await store.get_epoch(CLUSTER, "node-a", "e1")
         assert got is not None and got.record is not None and got.version == v3
         assert got.record.ended_by == "node-b"
+
+    async def test_an_epoch_says_what_it_keeps_even_every_shard_scattered(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        # The largest `keeps` a node writes (8,192 shards) fits every store's
+        # record limit; a peer reads the set back as written.
+        every = make_epoch("node-a", "e1").model_copy(
+            update={"keeps": encode_shards(range(MAX_KEEPS_SHARD + 1))})
+        odd = make_epoch("node-a", "e2").model_copy(
+            update={"keeps": encode_shards(range(1, MAX_KEEPS_SHARD + 1, 2))})
+        await store.create_epoch(every)
+        await store.create_epoch(odd)
+        for record, shards in ((every, range(MAX_KEEPS_SHARD + 1)),
+                               (odd, range(1, MAX_KEEPS_SHARD + 1, 2))):
+            got = await second_store.get_epoch(CLUSTER, record.node, record.epoch)
+            assert got is not None and got.record == record
+            assert got.record.keeps is not None
+            assert decode_shards(got.record.keeps) == frozenset(shards)
 
     async def test_an_update_never_creates_a_deleted_epoch(self, store: LeaseStore) -> None:
         version = await store.create_epoch(make_epoch("node-a", "e1"))

@@ -41,6 +41,13 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  paused): the open is under way. A node whose lease writes
                  fail is no working node, nor one whose host refuses or fails
                  opens. Checked up to quiescence (`check_open_somewhere`).
+(n) counted:     a node counts every peer that worked throughout the last
+                 2 TTLs + 3 intervals (as in (m), and not reconfigured), if it
+                 worked itself for 1.5 intervals of that time and its reads
+                 were never stale in it: a read that fails later must never
+                 make it count fewer (finding D: a failed epoch listing made
+                 a node think itself alone and claim every shard)
+                 (`check_counted`).
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -591,4 +598,46 @@ def check_open_somewhere(trace: Sequence[TraceEvent], shards: int, faults: Seque
                 f"{end}, {st.seconds:.1f}s of it while {', '.join(st.workers)} worked "
                 f"(some node throughout [{st.worked_from:.3f}, {st.worked_to:.3f})), "
                 f"longer than {bound:g}s")
+    return problems
+
+
+#: (n)'s window, in TTLs and intervals (the largest any node had).
+COUNTED_TTLS, COUNTED_INTERVALS = 2.0, 3.0
+
+
+def check_counted(trace: Sequence[TraceEvent], faults: Sequence[Fault], until: float,
+                  ttl: float, interval: float) -> list[str]:
+    """(n)"""
+    window = COUNTED_TTLS * ttl + COUNTED_INTERVALS * interval
+    spans = working_spans(trace, faults, until)
+    stale = [(f.node, f.at, fault_end(f)) for f in faults
+             if isinstance(f, StoreFault) and f.stale]
+    changes = [ev.t for ev in trace if ev.kind == "reconfigure"]
+    ends = {ev.node: ev.t for ev in trace if ev.kind in ("crash", "leave", "died", "left")}
+    problems: list[str] = []
+    for ev in trace:
+        if ev.kind != "round" or (ev.node in ends and ends[ev.node] <= ev.t + EPSILON):
+            continue
+        t = ev.t - ev.value  # when the round read (it is recorded at its end)
+        a = t - window
+        if a < 0 or any(a <= c <= ev.t for c in changes) or any(
+                n in (None, ev.node.split("#")[0]) and s < t and e > a for n, s, e in stale):
+            continue
+        worked = sum(max(0.0, min(e, t) - max(s, a)) for s, e in spans.get(ev.node, []))
+        if worked < 1.5 * interval:
+            continue
+        # (A peer that stops, crashes or leaves at this very instant may be
+        # gone already: not counted.)
+        peers = sorted(label for label, ss in spans.items() if label != ev.node
+                       and not (label in ends and ends[label] <= ev.t + EPSILON)
+                       and any(s <= a + EPSILON and e >= ev.t - EPSILON for s, e in ss))
+        # It counts itself too unless it withdrew (its lease writes failing:
+        # not while it worked throughout).
+        mine = any(s <= a + EPSILON and e >= ev.t - EPSILON for s, e in spans.get(ev.node, []))
+        live = int(ev.detail.split()[0].removeprefix("live="))
+        if live < len(peers) + mine:
+            problems.append(f"(n) at {ev.t:.3f}: {ev.node} counted {live} live node(s), "
+                            f"fewer than the {len(peers)} that worked throughout "
+                            f"[{a:.3f}, {ev.t:.3f}]: {', '.join(peers)}")
+            break  # one is enough to tell
     return problems

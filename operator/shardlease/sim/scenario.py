@@ -20,6 +20,7 @@ from shardlease.options import Options, describe_validation_error
 from shardlease.records import Renewal
 from shardlease.sim.check import (
     Recovery,
+    check_counted,
     check_fenced_closes,
     check_open_somewhere,
     check_quiescence,
@@ -281,6 +282,14 @@ async def _scenario(
     # them): what a crashed node's leases may take to expire.
     ttl_max, interval_max = max(ttls), max(intervals)
     await until(last + (settle if settle is not None else 2 * ttl_max + 4 * interval_max))
+    # Every node's view (what `lookup` routes by) is one round old at most:
+    # a move just before this instant is checked once each node has had a
+    # round after it, and a placement still moving after two more rounds
+    # is checked as it is (and fails).
+    quiet = 1.25 * interval_max
+    latest = world.now() + 2 * quiet
+    while (due := world.changed_at + quiet) > world.now() and world.now() < latest:
+        await until(min(due, latest) - t0)
     world.record("*", "quiescent")
     snapshot = world.snapshot()
     quiet_problems = check_quiescence(snapshot, shards)
@@ -310,6 +319,7 @@ async def _scenario(
     problems += _check_recoveries(recs, faults, actions, world, bound, ttl_max)
     problems += check_open_somewhere(trace, shards, faults, snapshot.t,
                                      liveness_bound(ttl_max, interval_max))
+    problems += check_counted(trace, faults, snapshot.t, ttl_max, interval_max)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from shardlease.records import Renewal
 from shardlease.sim.faults import (
-    CORRUPTIONS,
     LEASE_WRITES,
     Corrupt,
     Crash,
@@ -54,8 +53,14 @@ KINDS: tuple[str, ...] = (
     "reconfigure_ttl",  # lease_ttl changed in place (interval and margin follow, or explicit)
     "reconfigure_interval",
     "reconfigure_margin",
-    "corrupt",  # a lease record overwritten with garbage
+    "corrupt",  # a lease record made unreadable, its generation still in it
+    "garbage",  # a lease record overwritten with bytes that hold nothing of it
 )
+
+#: The corruptions that leave the generation readable (`faults.Corrupt`);
+#: "garbage" is a kind of its own: a claim over it cannot know the generation
+#: (issue 18, item 4).
+READABLE_GENERATION = ("truncated", "invalid")
 
 #: The groups of store calls a one-call-kind fault picks from (a fault takes
 #: a whole group, or one call of it).
@@ -194,6 +199,7 @@ class _Drawer:
             "reconfigure_ttl": self.reconfigure_ttl,
             "reconfigure_interval": self.reconfigure_interval,
             "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
+            "garbage": self.garbage,
         }
 
     def draw(self, kind: str) -> list[Fault]:
@@ -276,7 +282,10 @@ class _Drawer:
 
     def corrupt(self) -> list[Fault]:
         return [Corrupt(self.at(), self.rng.randrange(self.shards),
-                        self.rng.choice(CORRUPTIONS))]
+                        self.rng.choice(READABLE_GENERATION))]
+
+    def garbage(self) -> list[Fault]:
+        return [Corrupt(self.at(), self.rng.randrange(self.shards), "garbage")]
 
     def reconfigure_ttl(self) -> list[Fault]:
         if self.rng.random() < 0.3:

@@ -421,6 +421,8 @@ class World:
     violations: list[str] = field(default_factory=list)
     rounds: dict[str, int] = field(default_factory=dict)
     balanced: bool = False
+    #: When a host last opened or closed a shard (virtual seconds).
+    changed_at: float = 0.0
     #: Option changes made to every node (a Reconfigure of node None): the
     #: cluster's spec, which nodes that start later get too.
     changes: dict[str, Any] = field(default_factory=dict)
@@ -536,6 +538,7 @@ class World:
         return all(len(n.host.open_now) <= share for n in live)
 
     def host_changed(self) -> None:
+        self.changed_at = self.now()
         balanced = self.is_balanced()
         if balanced != self.balanced:
             self.balanced = balanced

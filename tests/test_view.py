@@ -1,0 +1,92 @@
+"""LeaseView.attribute as a table: a damaged lease record this node never saw
+readable is judged by what the epoch records say they keep (finding H')."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shardlease.calls import Calls
+from shardlease.clock import LoopClock
+from shardlease.epochs import EpochWatch
+from shardlease.records import Epoch, Lease, Stored, encode_shards
+from shardlease.stores.memory import MemoryStore
+from shardlease.telemetry import Telemetry
+from shardlease.view import LeaseView
+
+TTL = 15.0
+DAMAGED: Stored[Lease] = Stored("v1", None, "not JSON", recovered_generation=4)
+
+
+def make_view() -> LeaseView:
+    clock = LoopClock()
+    calls = Calls(interval=TTL / 3, ttl=TTL, clock=clock, rng=random.Random(0))
+    watch = EpochWatch(MemoryStore(), calls, clock, Telemetry(), cluster="c", name="me",
+                       ttl=lambda: TTL, own=lambda: "mine")
+    return LeaseView(Telemetry(), watch, cluster="c", name="me", incarnation="mine",
+                     own_epochs=lambda: {"mine"}, ttl=lambda: TTL)
+
+
+def epoch(keeps: list[int] | str | None, ttl: float = TTL, node: str = "b") -> Epoch:
+    return Epoch(cluster="c", node=node, epoch="e1", seq=3, write_id="w", ttl=ttl,
+                 keeps=encode_shards(keeps) if isinstance(keeps, list) else keeps)
+
+
+@pytest.mark.parametrize(("keepers", "now", "since", "claimable", "kept_by"), [
+    (None, 20.0, 0.0, False, None),
+    ([], 20.0, 0.0, True, None),
+    ([epoch([1, 3])], 20.0, 0.0, True, None),
+    ([epoch([1, 2, 3])], 20.0, 0.0, False, "b"),
+    ([epoch([1]), epoch([2], node="c")], 20.0, 0.0, False, "c"),
+    ([epoch(None)], 20.0, 0.0, False, "b"),
+    ([epoch("A")], 20.0, 0.0, False, "b"),
+    ([epoch([1], ttl=60.0)], 20.0, 0.0, False, None),
+    ([epoch([1], ttl=60.0)], 61.0, 0.0, True, None),
+    ([], 20.0, 10.0, False, None),
+    ([], 26.0, 10.0, True, None),
+], ids=[
+    "epochs that could not be read: not claimable",
+    "no epoch: claimable once seen unchanged for a TTL",
+    "no epoch keeps it: claimable",
+    "an epoch keeps it: its epoch's, left to it",
+    "the epoch that keeps it, of several",
+    "an epoch that says nothing may keep anything",
+    "an epoch whose bitmap cannot be read may keep anything",
+    "a keeper's longer TTL is waited for",
+    "...and then claimable",
+    "the wait counts from when the epoch listings started to succeed",
+    "...and then claimable",
+])
+def test_a_damaged_record_never_seen_readable(
+        keepers: list[Epoch] | None, now: float, since: float, claimable: bool,
+        kept_by: str | None) -> None:
+    view = make_view()
+    leases = {2: DAMAGED}
+    view.observe(leases, 4, 0.0, ())
+    assert view.damaged == {2} and view.kept_by_epoch(2) is None
+    view.attribute([2], leases, keepers, now, since=since)
+    assert view.claimable(2, DAMAGED, now) is claimable
+    kept = view.kept_by_epoch(2)
+    assert (kept.owner if kept is not None else None) == kept_by
+    if kept is not None:
+        assert (kept.incarnation, kept.renewal, kept.generation) == ("e1", "node", 4)
+
+
+def test_what_no_epoch_keeps_is_claimable_at_that_version_only() -> None:
+    view = make_view()
+    view.observe({2: DAMAGED}, 4, 0.0, ())
+    view.attribute([2], {2: DAMAGED}, [], 20.0, since=0.0)
+    again = Stored("v2", None, "garbage again")
+    assert view.claimable(2, DAMAGED, 20.0)
+    assert not view.claimable(2, again, 20.0)
+    # ...and for one round: the next judgement starts afresh.
+    view.attribute([2], {2: DAMAGED}, None, 25.0, since=0.0)
+    assert not view.claimable(2, DAMAGED, 25.0)
+
+
+def test_a_record_a_newer_format_holds_is_not_damaged() -> None:
+    view = make_view()
+    newer = Stored("v1", None, "format 2", newer_format=2)
+    view.observe({2: newer, 3: DAMAGED}, 4, 0.0, ())
+    assert view.damaged == {3}
