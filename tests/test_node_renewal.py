@@ -142,21 +142,47 @@ async def test_a_stale_view_cannot_end_a_live_epoch() -> None:
 
 
 @virtual
-async def test_a_graceful_stop_hands_its_leases_over_and_removes_its_epoch() -> None:
+async def test_a_graceful_stop_ends_its_epoch_in_one_write_and_peers_take_over_at_once() -> None:
+    # Issue 17, item 0: the shards close while the epoch keeps them, then one
+    # compare-and-swap ends the epoch, which frees every lease of it.
     backend = MemoryBackend()
     a, b = node("a", backend, shards=8).start(), node("b", backend, shards=8).start()
     await asyncio.sleep(30)
     assert len(a.opened()) == len(b.opened()) == 4
-    stopping = asyncio.create_task(a.stop())
-    await stopping
-    assert not any(n == "a" for (c, n, _) in backend.epochs if c == CLUSTER)
-    assert all(rec is None or rec.owner != "a" for rec in leases(backend, 8))
-    await asyncio.sleep(6)  # one interval later, b holds everything
+    mine = sorted(a.opened())
+    before = {s: backend.leases[(CLUSTER, s)][0] for s in mine}
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await a.stop()
+    t1 = loop.time() + 0.001  # (virtual time: the stop takes no time)
+    assert writes(a, "update_lease", t0, t1) == writes(a, "create_lease", t0, t1) == 0
+    assert writes(a, "update_epoch", t0, t1) >= 1
+    assert [e for (c, n, e) in backend.epochs if c == CLUSTER and n == "a"
+            and not ended(backend, n, e)] == []
+    # Not one lease written by a's stop: each still names a's (ended) epoch...
+    assert {s: backend.leases[(CLUSTER, s)][0] for s in mine} == before
+    await asyncio.sleep(6)  # ...until b's next round, which takes them all.
     assert b.opened() == set(range(8))
     assert b.of(SelfFence) == []
+    assert all(rec is not None and rec.owner == "b" for rec in leases(backend, 8))
     await idle()
     await b.stop()
-    assert not backend.epochs
+
+
+@virtual
+async def test_a_graceful_stop_holding_nothing_removes_its_epoch() -> None:
+    # Nothing to free: no end to tell, the record is deleted as before.
+    backend = MemoryBackend()
+    a, b = node("a", backend, shards=2).start(), node("b", backend, shards=2).start()
+    await asyncio.sleep(30)
+    c = node("c", backend, shards=2).start()
+    await asyncio.sleep(30)
+    assert c.opened() == set() and len(a.opened()) == len(b.opened()) == 1
+    assert any(n == "c" for (cl, n, _) in backend.epochs if cl == CLUSTER)
+    await c.stop()
+    assert not any(n == "c" for (cl, n, _) in backend.epochs if cl == CLUSTER)
+    await a.stop()
+    await b.stop()
 
 
 @virtual
@@ -204,7 +230,15 @@ async def test_a_stop_frees_the_stray_a_fenced_shard_left() -> None:
     a.store.fail.clear()
     await stopping
     rec = lease(backend, 0)
-    assert rec is not None and rec.owner is None, rec
+    # Freed: by a write of its own, or (its epoch valid again by the stop)
+    # with the end of the epoch it names.
+    assert rec is not None, rec
+    assert rec.owner is None or ended(backend, "a", rec.incarnation or ""), rec
+
+
+def ended(backend: MemoryBackend, node: str, epoch: str) -> bool:
+    found = backend.epochs.get((CLUSTER, node, epoch))
+    return found is not None and json.loads(found[1]).get("ended_by") is not None
 
 
 def renewals(backend: MemoryBackend, shards: int) -> set[str]:

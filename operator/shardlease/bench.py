@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import shutil
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,7 +54,16 @@ from shardlease.errors import ShardleaseError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
 from shardlease.stores.base import LeaseStore
-from shardlease.telemetry import Claim, Event, Lost, Release, RenewFailed, Round, SelfFence
+from shardlease.telemetry import (
+    Claim,
+    Event,
+    Lost,
+    Overrun,
+    Release,
+    RenewFailed,
+    Round,
+    SelfFence,
+)
 
 NODES = 4
 SIZES = (64, 256, 1024)
@@ -822,6 +833,161 @@ def s3_monthly_cost(steady: Steady, nodes: int = NODES) -> float:
     return per_round * nodes * ROUNDS_PER_MONTH
 
 
+# -- graceful stops of every node at once ---------------------------------------------------
+
+#: Nodes stopped at once (and started in their place) by `bench_stop`.
+STOP_NODES = 4
+
+
+class TimedHost:
+    """Opens at once, closes after `close_latency` seconds; notes when."""
+
+    def __init__(self, close_latency: float) -> None:
+        self.close_latency = close_latency
+        self.opened: dict[int, float] = {}
+        self.closed: dict[int, float] = {}
+
+    async def open(self, shard: int, generation: int) -> None:
+        self.opened.setdefault(shard, time.monotonic())
+
+    async def close(self, shard: int) -> None:
+        await asyncio.sleep(self.close_latency)
+        self.closed[shard] = time.monotonic()
+
+
+@dataclass
+class StopRun:
+    writes: list[int]  # store writes (PUTs and deletes) of each stopping node during its stop
+    fences: int  # self-fences of the stopping nodes during their stops
+    abandoned: int  # closes they abandoned (overruns)
+    stop_s: list[float]  # how long each stop took
+    reopened_s: float | None  # from the stops to every shard open on the new nodes
+    unowned: float  # shard-seconds between a shard's close and its open elsewhere
+
+
+async def _stop_run(make_store: Callable[[], LeaseStore], shards: int, ttl: float,
+                    renewal: str, close_latency: float) -> StopRun:
+    """STOP_NODES loops share `shards`; once balanced, all stop at once while
+    as many new loops start (a rollout of every pod at once)."""
+    old_hosts = [TimedHost(close_latency) for _ in range(STOP_NODES)]
+    old = [PlacementLoop(make_store(), h, _options(f"old{i}", shards, ttl, renewal))
+           for i, h in enumerate(old_hosts)]
+    counts = Counter[str]()
+    stopping = False
+
+    def count(event: Event) -> None:
+        if stopping and isinstance(event, SelfFence | Overrun):
+            counts[type(event).__name__] += 1
+
+    for p in old:
+        p.telemetry.subscribe(count)
+    meters = [_Meter(p, 1) for p in old]
+    tasks = [asyncio.create_task(p.run()) for p in old]
+    new: list[PlacementLoop] = []
+    try:
+        async with asyncio.timeout(40 * ttl):
+            await asyncio.gather(*(m.settle(STOP_NODES, shards) for m in meters))
+        new_hosts = [TimedHost(close_latency) for _ in range(STOP_NODES)]
+        new = [PlacementLoop(make_store(), h, _options(f"new{i}", shards, ttl, renewal))
+               for i, h in enumerate(new_hosts)]
+        before = [Counter(p.store.requests) for p in old]
+        stopping, started = True, time.monotonic()
+        tasks += [asyncio.create_task(p.run()) for p in new]
+
+        async def stop(p: PlacementLoop) -> float:
+            await p.stop()
+            return time.monotonic() - started
+
+        stop_s = await asyncio.wait_for(asyncio.gather(*(stop(p) for p in old)), 40 * ttl)
+        writes = [sum((p.store.requests - b)[k] for k in ("put", "delete"))
+                  for p, b in zip(old, before, strict=True)]
+        reopened_s = None
+        deadline = time.monotonic() + 20 * ttl
+        while time.monotonic() < deadline:
+            opened = {s: t for h in new_hosts for s, t in h.opened.items()}
+            if len(opened) == shards:
+                reopened_s = max(opened.values()) - started
+                break
+            await asyncio.sleep(0.05)
+        closed = {s: t for h in old_hosts for s, t in h.closed.items()}
+        opened = {s: t for h in new_hosts for s, t in h.opened.items()}
+        end = time.monotonic()
+        unowned = sum(opened.get(s, end) - t for s, t in closed.items())
+        return StopRun(writes, counts["SelfFence"], counts["Overrun"], list(stop_s),
+                       reopened_s, unowned)
+    finally:
+        for p in new:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(p.stop(), 10 * ttl)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in (*old, *new):
+            with contextlib.suppress(Exception):
+                await p.store.aclose()
+
+
+def bench_stop(quick: bool) -> None:
+    """Issue 17, item 0: what a graceful stop of every node at once costs."""
+    from shardlease.stores import open_store
+    from shardlease.stores.file import FileStore
+    from shardlease.stores.memory import MemoryBackend, MemoryStore
+
+    per_node, ttl = (8, 3.0) if quick else (128, 6.0)
+    shards, close_latency = STOP_NODES * per_node, 0.05
+    say(f"== graceful stop of every node at once: {STOP_NODES} nodes x {per_node} shards "
+        f"stopped together while {STOP_NODES} new ones start (a rollout of every pod), "
+        f"lease TTL {ttl:g}s, closes of {1000 * close_latency:g} ms ==")
+    say("  writes: store writes of each stopping node during its stop (PUTs, deletes); fences "
+        "and abandoned closes on the stopping nodes; reopened: every shard open on a new node")
+
+    def row(kind: str, make: Callable[[], Callable[[], LeaseStore]]) -> None:
+        for renewal in ("node", "shard"):
+            begun = time.monotonic()
+            try:
+                r = asyncio.run(_stop_run(make(), shards, ttl, renewal, close_latency))
+            except (RuntimeError, ShardleaseError, TimeoutError) as e:
+                say(f"graceful stop, {kind}, {renewal} renewal: failed: {type(e).__name__}: {e}")
+                continue
+            reopened = "not all reopened" if r.reopened_s is None else \
+                f"every shard reopened after {r.reopened_s:.2f}s"
+            say(f"graceful stop, {kind}, {renewal} renewal, {STOP_NODES} x {per_node} shards: "
+                f"store writes per stopping node {min(r.writes)}-{max(r.writes)} "
+                f"({sum(r.writes) / shards:.2f} per shard), self-fences {r.fences}, abandoned "
+                f"closes {r.abandoned}, stops {min(r.stop_s):.2f}-{max(r.stop_s):.2f}s, "
+                f"{reopened} ({r.unowned:.1f} unowned shard-seconds) "
+                f"[{time.monotonic() - begun:.0f}s]")
+
+    def memory() -> Callable[[], LeaseStore]:
+        backend = MemoryBackend()
+        return lambda: MemoryStore(backend, name="bench")
+
+    row("memory", memory)
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    directory = tempfile.mkdtemp(prefix="shardlease-bench-", dir=shm)
+    try:
+        count = itertools.count()
+
+        def file() -> Callable[[], LeaseStore]:
+            where = Path(directory) / str(next(count))  # one store per run, shared by its nodes
+            return lambda: FileStore(where)
+
+        row("file", file)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    with moto_endpoint() as endpoint:
+        if endpoint is None:
+            say("  s3: moto is not installed (pip install 'shardlease[bench]')")
+        else:
+            def s3() -> Callable[[], LeaseStore]:
+                bucket = f"stop-{uuid.uuid4().hex[:8]}"
+                asyncio.run(_create_bucket(endpoint, bucket))
+                url = f"s3://{bucket}/stop?endpoint={endpoint}&path_style=true"
+                return lambda: open_store(url)
+            row("s3", s3)
+    say()
+
+
 def bench_requests(quick: bool, kubeconfig: str | None = None) -> None:
     from shardlease.stores.memory import MemoryBackend, MemoryStore
     from shardlease.stores.s3 import FULL_LIST_EVERY
@@ -982,6 +1148,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench_slow_store(args.quick)
     if wanted("requests"):
         bench_requests(args.quick, args.kubeconfig)
+    if wanted("stop"):
+        bench_stop(args.quick)
     if wanted("scale"):
         bench_scale(args.quick)
     say(f"bench done in {time.monotonic() - started:.0f}s")

@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kubeconfig", help="also measure the Kubernetes Lease store on this "
                        "cluster (it creates and deletes a namespace per measurement)")
     bench.add_argument("--only", action="append", choices=("failover", "rounds", "faults",
-                       "slow-store", "requests", "scale"),
+                       "slow-store", "requests", "stop", "scale"),
                        help="run only these sections (repeat)")
     bench.set_defaults(func=_cmd_bench)
 

@@ -20,7 +20,7 @@ from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
 from shardlease.observed import MISSING, Observed
 from shardlease.records import MAX_LEASE_TTL, Epoch, Lease, Stored, new_write_id
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import LeaseStore, ended_hints
 from shardlease.telemetry import EpochEnded, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
@@ -74,6 +74,8 @@ class EpochWatch:
         #: both (`LeaseView.attribute`).
         self.watching_since: float | None = None
         self.vanished_at = float("-inf")
+        #: When the last listing was taken in (`observe`): what `live` judges by.
+        self.observed_at: float | None = None
 
     async def read(self) -> dict[EpochKey, str] | None:
         """The epoch listing, or None (logged) if it failed."""
@@ -98,7 +100,7 @@ class EpochWatch:
     def observe(self, epochs: Mapping[EpochKey, str], named: Mapping[EpochKey, object]) -> None:
         """Track each listed epoch and each epoch a node-mode lease names
         (missing ones too)."""
-        now = self.clock.monotonic()
+        now = self.observed_at = self.clock.monotonic()
         # In listing order, then lease order: never a set's (hash) order, so
         # that a simulation replays the same way.
         for key in dict.fromkeys([*epochs, *named]):
@@ -109,6 +111,11 @@ class EpochWatch:
                         and now - seen.since >= self.ttl() / 2 and key not in self.ended:
                     self.suspects[key] = None  # its owner writes every interval
                 self.seen.see(key, version, now)
+        # Epochs the listing itself shows ended (a stopping node ends its own
+        # once it has closed everything): read, and believed only then.
+        for key in sorted(ended_hints(epochs)):  # (sorted: a simulation replays)
+            if key not in self.ended and key != (self.name, self.own()):
+                self.suspects[key] = None
         for key in set(self.seen.keys()) - set(epochs) - set(named):
             if key not in self.ended and key not in self.collected:
                 self.vanished_at = now
@@ -118,8 +125,10 @@ class EpochWatch:
             self._record_ttl.pop(key, None)
 
     def live(self) -> set[str]:
-        """The nodes with an epoch that is not over and changed within a TTL."""
-        now = self.clock.monotonic()
+        """The nodes with an epoch that is not over and had changed within a
+        TTL when the last listing was taken in: the reads that follow it in a
+        round (suspects, on a slow store) must not age what it showed."""
+        now = self.observed_at if self.observed_at is not None else self.clock.monotonic()
         return {node for (node, epoch), seen in self.seen.items()
                 if seen.version != MISSING and (node, epoch) not in self.ended
                 and (node, epoch) not in self.collected and now - seen.since <= self.ttl()}

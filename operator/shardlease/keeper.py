@@ -123,6 +123,9 @@ class Keeper:
         #: and since when this node has withdrawn because of it (`withdrawn`).
         self._writes_failing: float | None = None
         self._withdrawn_at: float | None = None
+        #: Node mode, stopping: closed shards of the current epoch whose
+        #: leases are freed all at once by the end of the epoch (`end_epoch`).
+        self.left_to_end: list[int] = []
 
     @property
     def ttl(self) -> float:
@@ -192,7 +195,9 @@ class Keeper:
     def _damaged(self, shard: int, current: Stored[Lease] | None) -> bool:
         """Whether a held lease's record was corrupted or deleted by another
         writer (not replaced by a record another node can read: a newer
-        format is another version's, and is lost to it). Such a record is
+        format is another version's, and is lost to it), while the shard's
+        deadline has not passed: before it, no other node may have written
+        the record, so the damage is a foreign writer's. Such a record is
         repaired by a compare-and-swap on the version that is there, and
         the shard kept: it is a renewal like any other (observers date the
         repaired version from when they first see it), and a peer that took
@@ -201,8 +206,17 @@ class Keeper:
         if current is not None and (current.record is not None
                                     or current.newer_format is not None):
             return False
+        what = "deleted" if current is None else "corrupted"
+        deadline = self.runner.deadline(shard)
+        if deadline is None or deadline <= self.clock.monotonic():
+            # Past the shard's deadline (fenced, or closed and not freed yet)
+            # a peer may have taken the lease before the damage: what is
+            # there may be a damaged record of another owner's. Lost.
+            logger.error("shard %d: its lease record was %s, and our lease of it may have "
+                         "expired before that: not ours to repair", shard, what)
+            return False
         logger.error("shard %d: its lease record was %s by another writer: writing ours back "
-                     "over it", shard, "deleted" if current is None else "corrupted")
+                     "over it", shard, what)
         return True
 
     async def _write_step(self, shard: int, held: Held, lease: Lease, what: str,
@@ -309,37 +323,6 @@ class Keeper:
         into the record (observers honour that one), not the options' now."""
         return sent + ttl - self.options().margin_s
 
-    async def hand_over(self) -> None:
-        """Stopping in node mode (the epoch goes away): rewrite each node-mode
-        lease as a shard-mode one, so that it is kept by its own record
-        (renewed by the renewals) while its shard closes."""
-
-        def one(shard: int, held: Held) -> Callable[[], Awaitable[None]]:
-            async def call() -> None:
-                async with held.lock:
-                    if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
-                            or not held.by_epoch or held.lease.incarnation != self.own.epoch:
-                        return
-                    sent = self.clock.monotonic()
-                    deadline = self.runner.deadline(shard)
-                    lease = held.lease.model_copy(update={
-                        "renewal": "shard", "write_id": new_write_id(),
-                        "renewed_at": self.clock.wall(),
-                        "ttl": self.written_ttl(held.lease.ttl, deadline, sent)})
-                    try:
-                        if not await self._write_step(
-                                shard, held, lease, "hand-over",
-                                None if deadline is None else deadline - sent):
-                            return
-                    except StoreError as e:
-                        logger.warning("shard %d stays on the epoch, fenced at its deadline: "
-                                       "%s", shard, e)
-                        return
-                    self.runner.extend(shard, self.deadline(sent, lease.ttl))
-            return call
-
-        await gather_limited(*(one(s, h) for s, h in list(self.held.items())))
-
     # -- frees ------------------------------------------------------------------------------
 
     def on_closed(self, shard: int, reason: Reason) -> asyncio.Task[None] | None:
@@ -359,9 +342,16 @@ class Keeper:
                            shard, e)
 
     async def free(self, shard: int, held: Held) -> None:
-        """Write "no owner" (keeping the generation) on a closed shard's lease."""
+        """Write "no owner" (keeping the generation) on a closed shard's lease;
+        while stopping in node mode, leave it to the end of the epoch."""
         async with held.lock:
             if self.held.get(shard) is not held:
+                return
+            if held.by_epoch and self._left_to_end(held.lease):
+                # One write ends the epoch and frees every lease of it
+                # (`end_epoch`), rather than one write per shard.
+                self.held.pop(shard, None)
+                self.left_to_end.append(shard)
                 return
             if held.freeing is None:
                 held.freeing = held.lease.model_copy(update={
@@ -379,6 +369,29 @@ class Keeper:
                     return
                 raise
             self.held.pop(shard, None)
+            self.released(shard)
+            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+
+    def _left_to_end(self, lease: Lease) -> bool:
+        """Stopping in node mode: a lease of the current epoch is freed by the
+        end of the epoch, with all the others (`end_epoch`), while the epoch
+        is valid (its writes work: else each is freed by a write of its own)."""
+        return self.stopping() and lease.renewal == "node" \
+            and lease.incarnation == self.own.epoch and self.own.valid()
+
+    async def end_epoch(self) -> None:
+        """Stopping in node mode, once nothing is held: end the epoch (one
+        compare-and-swap), which frees every lease left to it at once."""
+        if not self.left_to_end:
+            # Nothing to free: the record is deleted (peers wait a TTL after
+            # they see it gone, in case a lease of it was written unheard).
+            await self.own.retire()
+            return
+        ended = await self.own.end()
+        shards, self.left_to_end = self.left_to_end, []
+        if not ended:
+            return
+        for shard in shards:
             self.released(shard)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
@@ -404,6 +417,10 @@ class Keeper:
             if rec is None or rec.owner != self.name \
                     or rec.incarnation not in self.own_epochs() \
                     or shard in self.held or self.runner.state(shard) is not None:
+                continue
+            if self._left_to_end(rec):
+                if shard not in self.left_to_end:
+                    self.left_to_end.append(shard)
                 continue
             lease = rec.model_copy(update={"owner": None, "incarnation": None,
                                            "write_id": new_write_id(),

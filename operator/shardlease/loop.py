@@ -427,7 +427,7 @@ class PlacementLoop:
             await _cancel(*keepers)
             if self.mode == "node":
                 with contextlib.suppress(StoreError, TimeoutError):
-                    await asyncio.wait_for(self.own.retire(), self.options.interval_s)
+                    await asyncio.wait_for(self.keeper.end_epoch(), self.options.interval_s)
             if not self.beats.deleted:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
@@ -442,22 +442,19 @@ class PlacementLoop:
             self._done.set()
 
     async def stop(self) -> None:
-        """Graceful stop: stop heartbeating (peers stop counting this node at
-        once), close every shard and free its lease, so peers take over within
-        about one interval instead of waiting out the TTL."""
+        """Graceful stop: close every shard and free its lease, so that peers
+        take over within about one interval instead of waiting out the TTL.
+        Shard mode frees each lease and deletes the heartbeat (peers stop
+        counting this node at once); node mode ends its epoch once every
+        shard is closed, which frees every lease of it in one write."""
         if self._begin_stop():
             # Node mode frees strays every round, so this may be False; what
             # a stop leaves (a fenced shard whose free fails) is looked for again.
             self.keeper.strays = True
             logger.info("stopping: releasing %d shard(s)", len(self.held))
-            if self.mode == "node":
-                # Peers stop counting this node once its epoch is gone; the
-                # leases it still holds must then be kept by their own records.
-                await self.keeper.hand_over()
-                try:
-                    await self.own.retire()
-                except StoreError as e:
-                    logger.warning("could not delete the epoch record: %s", e)
+            # Node mode: the epoch keeps beating (renewing every shard) while
+            # the shards close; once none is held, one write ends it, which
+            # frees every lease of it (run(), Keeper.end_epoch): O(1) writes.
             if not self.beats.deleted:
                 try:
                     await self.beats.delete()
@@ -614,13 +611,12 @@ class PlacementLoop:
                                   ok=leases is not None))
 
     async def _attribute(self, leases: dict[int, Stored[Lease]]) -> None:
-        """Damaged records (corrupt, or deleted under a node-mode owner) that
-        this node never saw readable, unchanged for a TTL: who keeps them is
-        read from the epochs (`EpochWatch.keepers`), so that none is claimed
-        from a node-mode owner that cannot see the damage (its listings
-        stale, its repairs failing) and keeps the shard by its epoch."""
-        pending = [s for s in self.view.idle if s not in self.held and s in self.view.damaged
-                   and self.view.kept_by_epoch(s) is None]
+        """Damaged records (corrupt, or deleted under a node-mode owner)
+        unchanged for a TTL: who keeps them is read from the epochs
+        (`EpochWatch.keepers`), so that none is claimed from a node-mode owner
+        that cannot see the damage (its listings stale, its repairs failing)
+        and keeps the shard by its epoch, whatever this node saw before."""
+        pending = [s for s in self.view.idle if s not in self.held and s in self.view.damaged]
         watching = self.epoch_watch.watching_since
         keepers = None
         if pending and watching is not None:

@@ -187,6 +187,48 @@ class OwnEpoch:
         self.ttl = ttl
         self._created_unheard = False
 
+    async def end(self) -> bool:
+        """A graceful stop, once no shard of the epoch is open any more: write
+        the epoch ended (by us) with one compare-and-swap, so that every lease
+        of it may be taken at once (peers read an ended record as over, and
+        a listing that shows it ended makes them read it: a round, not a TTL
+        of silence). No further write of the epoch follows. True if it is
+        ended; False if that could not be written (a failure, logged: peers
+        then wait for the silence, as after a crash)."""
+        async with self._lock:
+            self.retired = True
+            if self.version is None:
+                return False  # never written (or lost): nothing of it to end
+            if (still := self.shards_of(self.epoch)):
+                # (Not reached: the loop ends the epoch once nothing is held.)
+                logger.error("not ending epoch %s: shard(s) %s not closed yet; their leases "
+                             "are taken after a TTL of silence", self.epoch, sorted(still))
+                return False
+            self._seq += 1
+            record = Epoch(cluster=self.cluster, node=self.name, epoch=self.epoch,
+                           seq=self._seq, write_id=new_write_id(), at=self.clock.wall(),
+                           ttl=self.ttl, ended_by=self.name, keeps="")
+            for _ in range(2):
+                version = self.version
+                try:
+                    await self.calls.bounded("end of our epoch", functools.partial(
+                        self.store.write_epoch, record, version))
+                except Conflict:
+                    # A beat of ours cut short by the stop may have landed
+                    # unheard: then ours, at a version we did not know.
+                    if not await self._still_ours(self.epoch):
+                        logger.info("our epoch %s was ended by a peer first", self.epoch)
+                        return True
+                    continue
+                except StoreError as e:
+                    logger.warning("could not end our epoch %s: %s", self.epoch, e)
+                    break
+                logger.info("ended our epoch %s: its leases may be taken at once", self.epoch)
+                return True
+            logger.warning("could not end our epoch %s: peers take its leases after a TTL "
+                           "of silence", self.epoch)
+            return False
+
     async def retire(self) -> None:
         """Stop renewing the epoch and delete its record (after any write of
         it in flight): leases of the epoch still held are then fenced at its

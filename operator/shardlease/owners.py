@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import LeaseStore, ended_hints
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,17 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None,
     # An empty listing of a store that is not there would read as "no owners".
     await store.check_readable()
     leases = await store.list_leases(cluster)
+    # A node-mode lease whose epoch its owner ended (a graceful stop) is free:
+    # the listing of the epochs says which are ended.
+    by_epoch = any(st.record is not None and st.record.renewal == "node" and st.record.owner
+                   for st in leases.values())
+    epochs = await store.list_epochs(cluster) if heartbeats or by_epoch else {}
+    ended = ended_hints(epochs)
     beating = None
     if heartbeats:
         # A node-mode node's epoch record is its heartbeat.
         beating = set(await store.list_heartbeats(cluster)) \
-            | {node for node, _ in await store.list_epochs(cluster)}
+            | {node for node, epoch in epochs if (node, epoch) not in ended}
     count = shards if shards is not None else (max(leases) + 1 if leases else 0)
     rows, problems = [], []
     for shard in range(count):
@@ -47,6 +53,9 @@ async def read_owners(store: LeaseStore, cluster: str, shards: int | None,
         elif stored.record is None:
             problems.append(f"shard {shard}: corrupt lease record: {stored.error}")
             rows.append(OwnerRow(shard, None, stored.generation or 0))
+        elif stored.record.renewal == "node" and stored.record.owner is not None \
+                and (stored.record.owner, stored.record.incarnation or "") in ended:
+            rows.append(OwnerRow(shard, None, stored.record.generation))
         else:
             rec = stored.record
             rows.append(OwnerRow(shard, rec.owner, rec.generation, rec.since,

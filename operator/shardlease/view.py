@@ -67,6 +67,9 @@ class LeaseView:
         #: Damaged records the epochs say nobody keeps, by version: claimable
         #: this round (`attribute`).
         self.unkept: dict[int, str] = {}
+        #: Damaged records as the epochs judged them (`attribute`): the epoch
+        #: that keeps each (None: no epoch does).
+        self.attributed: dict[int, Lease | None] = {}
 
     def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
                 held: Iterable[tuple[int, Lease]]) -> None:
@@ -93,7 +96,13 @@ class LeaseView:
                     self.max_generation[shard] = max(rec.generation,
                                                      self.max_generation.get(shard, 0))
                     self.readable[shard] = rec
+                    self.attributed.pop(shard, None)
                 owners[shard] = self._owner_of(shard, rec)
+                if rec.renewal == "node" and rec.owner is not None \
+                        and (rec.owner, rec.incarnation or "") in self.epochs.ended:
+                    # Its epoch is over (ended by its owner's stop, or taken
+                    # over): nobody has it, whatever the record still says.
+                    owners[shard] = Owner(shard, None, rec.generation)
                 if rec.owner is None:
                     free.append(shard)
                     continue
@@ -166,25 +175,32 @@ class LeaseView:
         if rec is not None and rec.renewal == "node":
             return self.epochs.over(rec, now)
         seen = self.seen.get(shard)
-        ttl = max(self.ttl(), rec.ttl) if rec is not None else self.ttl()
+        # A damaged record says no TTL: the last one it said, if this node
+        # saw it readable (its owner renews at that pace, and may still be
+        # valid for that long: a TTL changed in place differs across nodes).
+        last = self.readable.get(shard)
+        ttl = max(self.ttl(), rec.ttl if rec is not None else last.ttl if last is not None
+                  else 0.0)
         if seen is None or now - seen.since <= ttl:
             return False
-        if rec is None and (kept := self.kept_by_epoch(shard)) is not None:
-            # Corrupt under a node-mode owner, which may not see it (its
-            # listings failing) and keeps the shard while its epoch lives.
-            return self.epochs.over(kept, now)
         if rec is None:
+            # Damaged: never while an epoch that may keep it lives (its owner
+            # may not see the damage), and only as `attribute` judged it.
+            kept = self.kept_by_epoch(shard)
+            if kept is not None and not self.epochs.over(kept, now):
+                return False
             return self.unkept.get(shard) == stored.version
         return True
 
     def attribute(self, shards: Iterable[int], leases: dict[int, Stored[Lease]],
                   keepers: list[Epoch] | None, now: float, *, since: float) -> None:
-        """Judge damaged records this node never saw readable (`shards`) by
-        the epoch records not ended (`keepers`, read after the records were
-        seen unchanged for a TTL; None if they could not be read): one an
-        epoch says it keeps (or one that says nothing) is that epoch's, as if
-        this node had seen its record (`kept_by_epoch`: claimable once the
-        epoch is over); one no epoch keeps is claimable this round, once
+        """Judge damaged records (`shards`) by the epoch records not ended
+        (`keepers`, read after the records were seen unchanged for a TTL;
+        None if they could not be read): one an epoch says it keeps (or one
+        that says nothing) is that epoch's (`kept_by_epoch`: claimable once
+        the epoch is over, by ending it), whatever this node saw of the
+        record before (a node paused for long may have seen an older owner's
+        record); one no live epoch keeps is claimable this round, once
         seen unchanged for the longest TTL of ours and theirs since `since`
         (since when every epoch listing succeeded, and no epoch vanished
         unseen: a deleted record no longer says what it kept).
@@ -212,21 +228,33 @@ class LeaseView:
             seen = self.seen.get(shard)
             if stored is None or seen is None:
                 continue
-            keeper = next((e for e, s in kept if s is None or shard in s), None)
-            if keeper is not None:
+            of = [Lease(cluster=self.cluster, shard=shard, owner=e.node,
+                        generation=stored.generation or 0, incarnation=e.epoch,
+                        write_id="learned-from-its-epoch", ttl=e.ttl, renewal="node")
+                  for e, s in kept if s is None or shard in s]
+            live = [lease for lease in of if not self.epochs.over(lease, now)]
+            # The epochs say who keeps it, whatever this node saw of the record
+            # before (a node that was paused may have seen an older owner's).
+            chosen = live[0] if live else of[0] if of else None
+            before = self.attributed.get(shard)
+            if chosen is not None and (before is None or before.owner != chosen.owner
+                                       or before.incarnation != chosen.incarnation):
                 logger.warning("shard %d: its damaged record is kept by epoch %s of node %s: "
-                               "left to it until that epoch is over", shard, keeper.epoch,
-                               keeper.node)
-                self.readable[shard] = Lease(
-                    cluster=self.cluster, shard=shard, owner=keeper.node,
-                    generation=stored.generation or 0, incarnation=keeper.epoch,
-                    write_id="learned-from-its-epoch", ttl=keeper.ttl, renewal="node")
-            elif now - max(seen.since, since) > wait:
+                               "left to it until that epoch is over", shard,
+                               chosen.incarnation, chosen.owner)
+            self.attributed[shard] = chosen
+            last = self.readable.get(shard)
+            if not live and now - max(seen.since, since) > max(
+                    wait, last.ttl if last is not None else 0.0):
                 self.unkept[shard] = stored.version
 
     def kept_by_epoch(self, shard: int) -> Lease | None:
-        """The last valid record of a shard whose record is corrupt now, if it
-        was a node-mode lease of another node's (or an older epoch of ours)."""
+        """Who keeps a shard whose record is damaged now, by its epoch: what
+        the epochs said (`attribute`), else the last valid record this node
+        saw, if it was a node-mode lease of another node's (or an older
+        epoch of ours)."""
+        if shard in self.attributed:
+            return self.attributed[shard]
         last = self.readable.get(shard)
         if last is None or last.owner is None or last.renewal != "node":
             return None

@@ -44,6 +44,9 @@ FIGURES = [
         r"loop CPU per round, s3 \(moto\), {mode} renewal, 64 shards: \d+\.\d+ ms per node",
         r"rounds to balance, {mode} renewal, 10 nodes x 500 shards: start \d+, join \d+, "
         r"leave \d+, crash \d+; invariant violations: 0",
+        *(rf"graceful stop, {kind}, {{mode}} renewal, 4 x 8 shards: store writes per stopping "
+          rf"node \d+-\d+ \(\d+\.\d+ per shard\), self-fences \d+, abandoned closes \d+, "
+          rf"stops .* every shard reopened after \d+\.\d+s" for kind in ("memory", "file", "s3")),
     )),
     r"file store write latency in .* \d+\.\d+ ms",
 ]

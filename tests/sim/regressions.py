@@ -33,6 +33,14 @@ from shardlease.sim import (
     SwarmCase,
 )
 
+#: Options changes of the found cases below.
+SLOWER: tuple[tuple[str, float | None], ...] = (
+    ("lease_ttl", 90.0), ("interval", 10.0), ("margin", 5.0))
+FASTER: tuple[tuple[str, float | None], ...] = (
+    ("lease_ttl", 6.0), ("interval", None), ("margin", None))
+FAST_9: tuple[tuple[str, float | None], ...] = (
+    ("lease_ttl", 9.0), ("interval", None), ("margin", None))
+
 
 @dataclass(frozen=True)
 class Regression:
@@ -317,6 +325,142 @@ REGRESSIONS: list[Regression] = [
                              Reconfigure(at=259.1, node=None, changes=(("interval", None),))),
                          kinds=("pause", "reconfigure_interval", "leave", "corrupt"),
                          origin=122702257)),
+    # A checker bug, (n): a stopping node's rounds (which no longer count the
+    # node itself) were judged while a later event of its, not its leave,
+    # was taken for its end.
+    Regression("seed-1865680267",
+               "leave,join,store_one,lost_answers,host: (n) at 23.400: n3 counted 2 live "
+               "node(s), fewer than the 2 that worked throughout [5.400, 23.400]: n1, n2",
+               SwarmCase(nodes=4, shards=4, seed=4178874984, lease_ttl=6.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             StoreFault(at=13.8, until=22.8, node="n0", lost_reply_rate=1.0),
+                             Join(at=14.8, node="n1", wall_skew=0.0),
+                             StoreFault(at=23.4, until=25.2, node="n2", latency=0.3,
+                                        error_rate=1.0, lost_reply_rate=1.0,
+                                        calls=frozenset({"put_heartbeat"})),
+                             HostFault(at=23.4, until=25.2, node=None, open_latency=0.6,
+                                       close_latency=1.8, open_error_rate=0.6,
+                                       close_error_rate=0.6),
+                             Leave(at=23.4, node="n3"),
+                             Leave(at=24.1, node="n0")),
+                         kinds=("leave", "join", "store_one", "lost_answers", "host"),
+                         origin=1865680267)),
+    # Found by the swarm property run in CI: shard mode, a lease TTL cut in
+    # place on one node (90 s -> 6 s) while its peers kept 90 s; a record
+    # corrupted under its owner (TTL 90, renewing every 30 s) was taken by
+    # that node after 6 s of seeing it unchanged, its own TTL, since a
+    # damaged record says none: (a) for 14 s. It now waits at least the TTL
+    # of the last readable record it saw of the shard.
+    Regression("seed-11041",
+               "pause,reconfigure_ttl,store_one,corrupt: (a) shard 16: open on n4 (generation 2) "
+               "at 371.600 while still open on n1 (generation 1, deadline 430.634) until 385.634",
+               SwarmCase(nodes=6, shards=18, seed=3767791973, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=16, renewal="shard", faults=(
+                             Pause(at=176.7, node="n2", duration=270.0),
+                             Reconfigure(at=185.6, node="n4", changes=(
+                                 ("lease_ttl", 6.0), ("interval", None), ("margin", None))),
+                             Corrupt(at=360.2, shard=16, how="truncated"),
+                             StoreFault(at=382.9, until=562.9, latency=4.5, error_rate=1.0,
+                                        calls=frozenset({"get_epoch"})),
+                             StoreFault(at=426.9, until=786.9, latency=27.0, error_rate=1.0,
+                                        calls=frozenset({"get_lease", "get_epoch"})),
+                             Reconfigure(at=455.6, node=None, changes=(
+                                 ("lease_ttl", 6.0), ("interval", None), ("margin", None))),
+                             Corrupt(at=507.9, shard=11, how="truncated")),
+                         kinds=("pause", "reconfigure_ttl", "store_one", "corrupt"),
+                         origin=11041)),
+    # Found by the explorer once damaged records were judged by the epochs:
+    # node mode, a node paused for 360 s had last seen shard 4 readable under
+    # an older owner; after the pause it found the record corrupted under
+    # n3 (whose listings were stale, so it could not see the damage), waited
+    # for the older owner's epoch (long over) and took the shard: (a). The
+    # epochs' `keeps` now judge every damaged record, whatever was seen of
+    # it before.
+    Regression("seed-688906653",
+               "stale,pause,host,reconfigure_margin,corrupt: (a) shard 4: open on n4 "
+               "(generation 3) at 542.236 while still open on n3 (generation 2, deadline "
+               "704.026) until 653.100",
+               SwarmCase(nodes=5, shards=10, seed=241831311, lease_ttl=120.0, interval=20.0,
+                         margin=10.0, max_concurrency=4, renewal="node", faults=(
+                             Pause(at=44.3, node="n4", duration=360.0),
+                             StoreFault(at=168.4, until=648.4, node="n3", stale=True),
+                             Reconfigure(at=225.9, node="n0", changes=(("margin", 60.0),)),
+                             Reconfigure(at=233.1, node="n1", changes=(("margin", 60.0),)),
+                             Reconfigure(at=284.5, node="n0", changes=(("margin", 36.0),)),
+                             Reconfigure(at=284.5, node="n1", changes=(("margin", 36.0),)),
+                             Reconfigure(at=284.5, node="n2", changes=(("margin", 36.0),)),
+                             Reconfigure(at=284.5, node="n3", changes=(("margin", 36.0),)),
+                             Reconfigure(at=294.0, node="n4", changes=(("margin", 36.0),)),
+                             Reconfigure(at=294.0, node=None, changes=(("margin", 36.0),)),
+                             Corrupt(at=298.8, shard=4, how="invalid"),
+                             HostFault(at=332.6, until=572.6, node="n2", open_latency=60.0,
+                                       close_latency=12.0, open_error_rate=0.2,
+                                       close_error_rate=0.2),
+                             Reconfigure(at=593.1, node=None, changes=(("margin", 60.0),))),
+                         kinds=("stale", "pause", "host", "reconfigure_margin", "corrupt"),
+                         origin=688906653)),
+    # A checker bug, (n): a node whose TTL was cut in place (90 s -> 6 s, a
+    # canary) while its peers kept theirs, so their heartbeats (every 10 s)
+    # looked silent to it: liveness judged apart is no failed read. (n) now
+    # leaves out the times when one node's options differ from its peers'.
+    Regression("seed-605181254",
+               "join,reconfigure_ttl,leave: (n) at 299.400: n1 counted 3 live node(s), fewer "
+               "than the 5 that worked throughout [89.400, 299.400]: n0, n2, n3, n4, n5",
+               SwarmCase(nodes=6, shards=9, seed=2326728248, lease_ttl=90.0, interval=10.0,
+                         margin=5.0, max_concurrency=1, renewal="shard", faults=(
+                             *(Reconfigure(at=58.4, node=n, changes=SLOWER)
+                               for n in ("n1", "n2", "n3", "n4", "n5", "j0")),
+                             Reconfigure(at=63.4, node="n0", changes=SLOWER),
+                             Reconfigure(at=63.4, node=None, changes=SLOWER),
+                             Join(at=79.4, node="n0", wall_skew=0.0),
+                             Leave(at=79.4, node="j0"),
+                             Reconfigure(at=79.4, node="n1", changes=FASTER),
+                             Reconfigure(at=89.0, node="n0", changes=FASTER),
+                             Reconfigure(at=359.0, node=None, changes=FASTER)),
+                         kinds=("join", "reconfigure_ttl", "leave"), origin=605181254)),
+    # Found by (n) on the clean tree: node mode, one node's store calls slow
+    # (up to 4.5 s, TTL 9 s): after its epoch listing, the round read the
+    # suspects (epochs that looked silent between its slow listings) one by
+    # one for 10 s, and only then judged who was live, by then "silent" for
+    # longer than a TTL: it counted itself alone. Liveness is now judged as
+    # of the listing (epochs.EpochWatch.live).
+    Regression("seed-1662783497",
+               "corrupt,reconfigure_ttl,store_all,join: (n) at 717.503: n1 counted 1 live "
+               "node(s), fewer than the 4 that worked throughout [434.700, 717.503]: n0, n2, "
+               "n3, n4",
+               SwarmCase(nodes=5, shards=4, seed=1641568041, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="node", faults=(
+                             StoreFault(at=163.6, until=253.6, node="n2", jitter=2.7,
+                                        error_rate=1.0, lost_reply_rate=0.1),
+                             Join(at=224.8, node="n0", wall_skew=-300.0),
+                             Join(at=245.7, node="n3", wall_skew=0.0),
+                             Reconfigure(at=245.7, node="n4", changes=FAST_9),
+                             Reconfigure(at=335.7, node=None, changes=FAST_9),
+                             Corrupt(at=497.2, shard=0, how="invalid"),
+                             StoreFault(at=695.7, until=830.7, node="n1", latency=1.8,
+                                        jitter=2.7, error_rate=0.1)),
+                         kinds=("corrupt", "reconfigure_ttl", "store_all", "join"),
+                         origin=1662783497)),
+    # Found by the explorer: shard mode, n0's lease writes failing for 135 s,
+    # so it fenced shard 1 and kept trying to free it; n2 claimed it
+    # (generation 2); then the record was corrupted, and n0's next free,
+    # refused, read it back damaged and "repaired" it with its own free
+    # record: n0 claimed it again at generation 2 while n2 had it open: (a)
+    # and (b). A record is repaired now only while the shard's deadline has
+    # not passed (before it, nobody else may have written it).
+    Regression("seed-3131304026",
+               "store_one,reconfigure_interval,corrupt: (a) shard 1: open on n0 (generation 2) "
+               "at 425.425 while still open on n2 (generation 2, deadline 470.507) until "
+               "425.507",
+               SwarmCase(nodes=5, shards=2, seed=3207033159, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="shard", faults=(
+                             StoreFault(at=276.4, until=411.4, node="n0", error_rate=1.0,
+                                        calls=frozenset({"create_lease", "update_lease"})),
+                             Corrupt(at=410.8, shard=1, how="invalid"),
+                             Reconfigure(at=566.0, node="n2", changes=(("interval", 18.0),)),
+                             Reconfigure(at=593.0, node=None, changes=(("interval", 18.0),))),
+                         kinds=("store_one", "reconfigure_interval", "corrupt"),
+                         origin=3131304026)),
 ]
 
 #: Found or made cases whose bug is known and not fixed yet: each must still

@@ -57,7 +57,7 @@ from shardlease.records import (
     encode_shards,
     new_write_id,
 )
-from shardlease.stores.base import VANISHED, LeaseStore
+from shardlease.stores.base import VANISHED, LeaseStore, ended_hints
 
 CLUSTER = "contract"
 OTHER_CLUSTER = "contract-other"
@@ -253,6 +253,23 @@ class StoreContract:
             assert got is not None and got.record == record
             assert got.record.keeps is not None
             assert decode_shards(got.record.keeps) == frozenset(shards)
+
+    async def test_a_listing_tells_which_epochs_are_ended(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        # A graceful stop ends its own epoch; peers learn it from their next
+        # listing (a hint they confirm by a read) instead of a TTL of silence.
+        v1 = await store.create_epoch(make_epoch("node-a", "e1"))
+        await store.create_epoch(make_epoch("node-b", "e1"))
+        listed = await second_store.list_epochs(CLUSTER)
+        assert ended_hints(listed) == frozenset()
+        await store.update_epoch(make_epoch("node-a", "e1", ended_by="node-a"), v1)
+        listed = await second_store.list_epochs(CLUSTER)
+        assert set(listed) == {("node-a", "e1"), ("node-b", "e1")}
+        assert ended_hints(listed) == {("node-a", "e1")}
+        # Gone with its record (garbage collection), hint and all.
+        await second_store.delete_epoch(CLUSTER, "node-a", "e1")
+        listed = await store.list_epochs(CLUSTER)
+        assert set(listed) == {("node-b", "e1")} and ended_hints(listed) == frozenset()
 
     async def test_an_update_never_creates_a_deleted_epoch(self, store: LeaseStore) -> None:
         version = await store.create_epoch(make_epoch("node-a", "e1"))

@@ -42,7 +42,8 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  fail is no working node, nor one whose host refuses or fails
                  opens. Checked up to quiescence (`check_open_somewhere`).
 (n) counted:     a node counts every peer that worked throughout the last
-                 2 TTLs + 3 intervals (as in (m), and not reconfigured), if it
+                 2 TTLs + 3 intervals (as in (m); nothing reconfigured, no
+                 node's options apart from its peers'), if it
                  worked itself for 1.5 intervals of that time and its reads
                  were never stale in it: a read that fails later must never
                  make it count fewer (finding D: a failed epoch listing made
@@ -59,7 +60,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from shardlease.sim.faults import Fault, HostFault, StoreFault, fault_end
+from shardlease.sim.faults import Fault, HostFault, Reconfigure, StoreFault, fault_end
 from shardlease.sim.world import Snapshot, TraceEvent
 
 #: Times within this are the same instant (float rounding of virtual time).
@@ -613,14 +614,31 @@ def check_counted(trace: Sequence[TraceEvent], faults: Sequence[Fault], until: f
     stale = [(f.node, f.at, fault_end(f)) for f in faults
              if isinstance(f, StoreFault) and f.stale]
     changes = [ev.t for ev in trace if ev.kind == "reconfigure"]
-    ends = {ev.node: ev.t for ev in trace if ev.kind in ("crash", "leave", "died", "left")}
+    # While one node's options differ from its peers' (a canary, until the
+    # change reaches every node), liveness is judged differently across
+    # nodes: not checked.
+    mixed: list[tuple[float, float]] = []
+    begun: float | None = None
+    for f in sorted((f for f in faults if isinstance(f, Reconfigure)), key=lambda f: f.at):
+        if f.node is not None and begun is None:
+            begun = f.at
+        elif f.node is None and begun is not None:
+            mixed.append((begun, f.at))
+            begun = None
+    if begun is not None:
+        mixed.append((begun, math.inf))
+    ends: dict[str, float] = {}  # (the first: a leave, then its left)
+    for ev in trace:
+        if ev.kind in ("crash", "leave", "died", "left"):
+            ends.setdefault(ev.node, ev.t)
     problems: list[str] = []
     for ev in trace:
         if ev.kind != "round" or (ev.node in ends and ends[ev.node] <= ev.t + EPSILON):
             continue
         t = ev.t - ev.value  # when the round read (it is recorded at its end)
         a = t - window
-        if a < 0 or any(a <= c <= ev.t for c in changes) or any(
+        if a < 0 or any(a <= c <= ev.t for c in changes) \
+                or any(s < ev.t and e > a for s, e in mixed) or any(
                 n in (None, ev.node.split("#")[0]) and s < t and e > a for n, s, e in stale):
             continue
         worked = sum(max(0.0, min(e, t) - max(s, a)) for s, e in spans.get(ev.node, []))

@@ -51,6 +51,7 @@ from shardlease.records import (
     Renewal,
     Stored,
     decode_heartbeat,
+    stored_epoch,
     stored_lease,
 )
 from shardlease.sim.faults import HostFault, StoreFault
@@ -638,15 +639,19 @@ class World:
         if node.host.open_now:
             self.violations.append(f"{t}: stopped with shards still open at its host: "
                                    f"{sorted(node.host.open_now)}")
+        # Node mode: its epoch record is its heartbeat, and a lease that names
+        # an epoch it ended is free (its end freed every lease of it at once).
+        live_epochs = {e for (c, n, e), (v, data) in self.backend.epochs.items()
+                       if c == CLUSTER and n == node.name and e in node.loop.own_epochs
+                       and not _ended(data, n, e)}
         kept = [s for s, lease in self.read_leases().items()
                 if lease is not None and lease.owner == node.name
-                and lease.incarnation in node.loop.own_epochs]
+                and lease.incarnation in node.loop.own_epochs
+                and (lease.renewal == "shard" or lease.incarnation in live_epochs)]
         found = self.backend.heartbeats.get((CLUSTER, node.name))
         beat = found is not None and decode_heartbeat(
             found[1], CLUSTER, node.name).incarnation == node.loop.incarnation
-        # Node mode: its epoch record is its heartbeat.
-        beat = beat or any(c == CLUSTER and n == node.name and e in node.loop.own_epochs
-                           for c, n, e in self.backend.epochs)
+        beat = beat or bool(live_epochs)
         start = node.leave_at if node.leave_at is not None else self.now()
         failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
                       and (f.error_rate > 0 or f.lost_reply_rate > 0)
@@ -703,3 +708,9 @@ class World:
             leases=self.read_leases(),
             lookups={n.label: {s: n.loop.lookup(s) for s in range(self.shards)} for n in live},
         )
+
+
+def _ended(data: bytes, node: str, epoch: str) -> bool:
+    """Whether an epoch record (as stored) is ended; an unreadable one is not."""
+    record = stored_epoch(data, "", CLUSTER, node, epoch).record
+    return record is not None and record.ended_by is not None

@@ -21,12 +21,32 @@ from __future__ import annotations
 
 import abc
 import collections
+from collections.abc import Mapping
 
 from shardlease.errors import Conflict, StoreError
 from shardlease.records import Epoch, Heartbeat, Lease, Stored
 
 #: The version prefix of a lease reported after it vanished (see the module doc).
 VANISHED = "vanished:"
+
+
+class EpochListing(dict[tuple[str, str], str]):
+    """The epoch records of a cluster, (node, epoch) -> version, and `ended`:
+    the ones the listing itself shows ended (`Epoch.ended_by` set), where a
+    store's listing can tell at no extra request. A hint only: the loop reads
+    such a record before it takes the epoch for ended (a graceful stop ends
+    its own epoch, and peers then take its leases within a round instead of
+    after a TTL of silence)."""
+
+    def __init__(self, versions: dict[tuple[str, str], str] | None = None,
+                 ended: frozenset[tuple[str, str]] = frozenset()) -> None:
+        super().__init__(versions or {})
+        self.ended = ended
+
+
+def ended_hints(listing: Mapping[tuple[str, str], str]) -> frozenset[tuple[str, str]]:
+    """The epochs a listing shows ended (none for a plain mapping)."""
+    return listing.ended if isinstance(listing, EpochListing) else frozenset()
 
 
 class LeaseStore(abc.ABC):
@@ -123,7 +143,8 @@ class LeaseStore(abc.ABC):
 
     @abc.abstractmethod
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
-        """The epoch records of the cluster: (node, epoch) -> version."""
+        """The epoch records of the cluster: (node, epoch) -> version; an
+        `EpochListing` where the store can also tell which are ended."""
 
     @abc.abstractmethod
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:

@@ -60,7 +60,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore
 
 _SUFFIX = ".json"
 _TMP_PREFIX = ".tmp-"
@@ -375,9 +375,10 @@ class FileStore(LeaseStore):
         raise StoreError(f"file store {self.root}: {what} changed faster than it could be "
                          f"read ({_READ_TRIES} tries)")
 
-    def _list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+    def _list_epochs(self, cluster: str) -> EpochListing:
         directory = self.cluster_dir(cluster) / "epochs"
         found: dict[tuple[str, str], str] = {}
+        ended: set[tuple[str, str]] = set()
         for name in sorted(self._listdir(directory)):
             node, sep, epoch = name.rpartition("@")
             if not sep or not node or not epoch or name.startswith("."):
@@ -391,7 +392,11 @@ class FileStore(LeaseStore):
                 continue
             if newest is not None:
                 found[(node, epoch)] = f"{newest[0]}-{_digest(newest[1])}"
-        return found
+                # (The listing has read the record anyway: ended is told for free.)
+                record = stored_epoch(newest[1], "", cluster, node, epoch).record
+                if record is not None and record.ended_by is not None:
+                    ended.add((node, epoch))
+        return EpochListing(found, frozenset(ended))
 
     def _get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         newest = self._newest(self.epoch_dir(cluster, node, epoch), f"epoch {node}@{epoch}")

@@ -127,7 +127,7 @@ from shardlease.records import (
     encode,
     stored_epoch,
 )
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore
 
 logger = logging.getLogger("shardlease.store.kubernetes")
 
@@ -135,6 +135,8 @@ GROUP = "shardlease.io"
 LABEL_CLUSTER = f"{GROUP}/cluster"
 LABEL_SHARD = f"{GROUP}/shard"
 LABEL_KIND = f"{GROUP}/kind"
+#: On an epoch object whose record is ended: the listing (the watch) tells.
+LABEL_ENDED = f"{GROUP}/ended"
 ANN_INCARNATION = f"{GROUP}/incarnation"
 ANN_WRITE_ID = f"{GROUP}/write-id"
 ANN_TTL = f"{GROUP}/ttl"
@@ -376,8 +378,10 @@ class _Entry:
     #: object has the node's current name (it wins over an old-named one).
     node: str | None = None
     current_name: bool = False
-    #: epochs: the epoch id (None: not a valid epoch object, ignored).
+    #: epochs: the epoch id (None: not a valid epoch object, ignored), and
+    #: whether its labels say it is ended (a hint, see `EpochListing`).
     epoch: str | None = None
+    ended: bool = False
 
 
 def _decode(obj: dict[str, Any], cluster: str, namespace: str,
@@ -404,7 +408,8 @@ def _decode(obj: dict[str, Any], cluster: str, namespace: str,
         if not isinstance(node, str) or not isinstance(epoch, str) or not node or not epoch \
                 or name != epoch_object_name(cluster, node, epoch):
             return name, _Entry(version, "epoch")  # not where that epoch is stored
-        return name, _Entry(version, "epoch", node=node, epoch=epoch)
+        return name, _Entry(version, "epoch", node=node, epoch=epoch,
+                            ended=labels.get(LABEL_ENDED) == "true")
     if kind != "shard":
         return name, _Entry(version, "")
     # The name says where a record is stored (its labels are content, checked
@@ -1050,9 +1055,10 @@ class KubernetesStore(LeaseStore):
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
         # From the same watch-fed cache as the leases and heartbeats.
-        return {(entry.node, entry.epoch): entry.version
-                for entry in await self._entries(cluster, "epoch")
-                if entry.node is not None and entry.epoch is not None}
+        entries = [entry for entry in await self._entries(cluster, "epoch")
+                   if entry.node is not None and entry.epoch is not None]
+        return EpochListing({(e.node or "", e.epoch or ""): e.version for e in entries},
+                            frozenset((e.node or "", e.epoch or "") for e in entries if e.ended))
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         name = epoch_object_name(cluster, node, epoch)
@@ -1069,7 +1075,8 @@ class KubernetesStore(LeaseStore):
         meta: dict[str, Any] = {
             "name": epoch_object_name(record.cluster, record.node, record.epoch),
             "namespace": self.namespace,
-            "labels": {LABEL_CLUSTER: record.cluster, LABEL_KIND: "epoch"},
+            "labels": {LABEL_CLUSTER: record.cluster, LABEL_KIND: "epoch",
+                       **({LABEL_ENDED: "true"} if record.ended_by is not None else {})},
             "annotations": {ANN_NODE: record.node, ANN_EPOCH: record.epoch,
                             ANN_RECORD: encode(record).decode()},
         }

@@ -20,7 +20,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore
 
 
 @dataclass
@@ -109,8 +109,11 @@ class MemoryStore(LeaseStore):
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
         self._count("list")
-        return {(node, epoch): v for (c, node, epoch), (v, _) in self.backend.epochs.items()
-                if c == cluster}
+        found = {(node, epoch): (v, data)
+                 for (c, node, epoch), (v, data) in self.backend.epochs.items() if c == cluster}
+        return EpochListing({key: v for key, (v, _) in found.items()},
+                            frozenset(key for key, (v, data) in found.items()
+                                      if _ended(data, cluster, *key)))
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         self._count("get")
@@ -143,3 +146,8 @@ class MemoryStore(LeaseStore):
     def put_raw_lease(self, cluster: str, shard: int, data: bytes) -> None:
         """Write arbitrary bytes as a lease (tests of corrupt records)."""
         self.backend.leases[(cluster, shard)] = (self.backend.next_version(), data)
+
+
+def _ended(data: bytes, cluster: str, node: str, epoch: str) -> bool:
+    record = stored_epoch(data, "", cluster, node, epoch).record
+    return record is not None and record.ended_by is not None

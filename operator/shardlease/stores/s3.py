@@ -83,7 +83,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -856,11 +856,14 @@ class S3Store(LeaseStore):
             if not marker.done():
                 marker.set_result(None)
         found: dict[tuple[str, str], str] = {}
+        ended: set[tuple[str, str]] = set()
         for key, (etag, _) in listed.items():
             node, sep, epoch = key[len(directory):].rpartition("@")
-            if sep and node and epoch:
+            if sep and node and epoch.endswith(_ENDED):
+                ended.add((node, epoch.removesuffix(_ENDED)))
+            elif sep and node and epoch:
                 found[(node, epoch)] = etag
-        return found
+        return EpochListing(found, frozenset(ended & found.keys()))
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         got = await self._read(self._epoch_key(cluster, node, epoch))
@@ -877,17 +880,29 @@ class S3Store(LeaseStore):
 
     async def _swap_epoch(self, record: Epoch, expected: str | None) -> str:
         key = self._epoch_key(record.cluster, record.node, record.epoch)
-        return await self._swap(key, encode(record),
-                                f"epoch {record.node}@{record.epoch} ({self._url(key)})",
-                                expected)
+        version = await self._swap(key, encode(record),
+                                   f"epoch {record.node}@{record.epoch} ({self._url(key)})",
+                                   expected)
+        if record.ended_by is not None:
+            # An object listing shows keys, not bodies: an empty object beside
+            # the record tells the next listings that it is ended (a hint:
+            # readers read the record before they believe it).
+            try:
+                await self._call("put_object", key + _ENDED, Key=key + _ENDED, Body=b"",
+                                 ContentType="text/plain")
+            except Exception as e:  # peers then find the end after a TTL of silence
+                log.warning("could not mark the epoch %s@%s ended (%s): %s", record.node,
+                            record.epoch, self._url(key + _ENDED), e)
+        return version
 
     async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
         key = self._epoch_key(cluster, node, epoch)
-        try:
-            await self._call("delete_object", key, Key=key)
-        except _S3Failure as e:
-            if not (e.status == 404 or e.code == "NoSuchKey"):
-                raise
+        for target in (key, key + _ENDED):
+            try:
+                await self._call("delete_object", target, Key=target)
+            except _S3Failure as e:
+                if not (e.status == 404 or e.code == "NoSuchKey"):
+                    raise
 
     # -- the start-up probe ----------------------------------------------------------------------
 
@@ -1061,6 +1076,11 @@ def _shard_number(name: str) -> int | None:
     if not name.isascii() or not name.isdigit() or str(int(name)) != name:
         return None
     return int(name)
+
+
+#: The suffix of the empty object that marks an epoch record ended (epoch
+#: ids are lower-case letters and digits: no record key ends so).
+_ENDED = ".ended"
 
 
 def _segment(kind: str, name: str) -> str:
