@@ -61,6 +61,10 @@ class OwnEpoch:
         #: A create of the current epoch's record was sent and never answered
         #: (it may have landed): the epoch is never created again (below).
         self._created_unheard = False
+        #: Epochs left after a create went unanswered: their records may
+        #: exist (with no lease: none was claimed without an answer), and a
+        #: graceful stop deletes them (`_delete_unheard`).
+        self.unheard: list[str] = []
         self._lock = asyncio.Lock()
 
     def valid(self) -> bool:
@@ -86,6 +90,7 @@ class OwnEpoch:
                 # leases of at once. A new epoch id cannot be mistaken.
                 logger.info("the create of epoch %s went unanswered: going on with a new one",
                             epoch)
+                self.unheard.append(epoch)
                 self._next(self.next_ttl())
                 epoch, held = self.epoch, self.shards_of(self.epoch)
             self._seq += 1
@@ -197,6 +202,7 @@ class OwnEpoch:
         then wait for the silence, as after a crash)."""
         async with self._lock:
             self.retired = True
+            await self._delete_unheard()
             if self.version is None:
                 return False  # never written (or lost): nothing of it to end
             if (still := self.shards_of(self.epoch)):
@@ -235,8 +241,24 @@ class OwnEpoch:
         deadline, and peers wait a TTL after they see it gone (rule 7)."""
         async with self._lock:
             self.retired = True
+            if self._created_unheard:
+                self.unheard.append(self.epoch)
+            await self._delete_unheard()
             if self.version is not None:
                 await self.calls.bounded(
                     "epoch deletion",
                     lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
                 self.version = None
+
+    async def _delete_unheard(self) -> None:
+        """Delete the records that unanswered creates may have left (a stop:
+        otherwise peers collect them after two TTLs of silence)."""
+        for epoch in list(self.unheard):
+            try:
+                await self.calls.bounded(f"deletion of epoch {epoch}", functools.partial(
+                    self.store.delete_epoch, self.cluster, self.name, epoch))
+            except StoreError as e:
+                logger.info("could not delete epoch %s (its create went unanswered): %s",
+                            epoch, e)
+                continue
+            self.unheard.remove(epoch)

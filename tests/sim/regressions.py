@@ -461,6 +461,21 @@ REGRESSIONS: list[Regression] = [
                              Reconfigure(at=593.0, node=None, changes=(("interval", 18.0),))),
                          kinds=("store_one", "reconfigure_interval", "corrupt"),
                          origin=3131304026)),
+    # Found by the explorer ((g)): a node whose epoch creates went unanswered
+    # went on with new epoch ids (c99937e); the records those creates left
+    # stayed after it stopped, live-looking, until peers collected them. A
+    # stop now deletes them too.
+    Regression("seed-1702605342",
+               "store_all,leave,crash,lost_answers: 40.500 n3: stopped but its heartbeat is "
+               "still there",
+               SwarmCase(nodes=5, shards=8, seed=3158752281, lease_ttl=30.0, interval=None,
+                         margin=None, max_concurrency=4, renewal="node", faults=(
+                             StoreFault(at=5.0, until=26.0, node="n3", lost_reply_rate=1.0),
+                             Crash(at=16.7, node="n2"),
+                             StoreFault(at=16.7, until=136.7, node="n4", error_rate=1.0),
+                             Leave(at=40.5, node="n3")),
+                         kinds=("store_all", "leave", "crash", "lost_answers"),
+                         origin=1702605342)),
 ]
 
 #: Found or made cases whose bug is known and not fixed yet: each must still
