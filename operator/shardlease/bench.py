@@ -941,8 +941,9 @@ def bench_stop(quick: bool) -> None:
     say("  writes: store writes of each stopping node during its stop (PUTs, deletes); fences "
         "and abandoned closes on the stopping nodes; reopened: every shard open on a new node")
 
-    def row(kind: str, make: Callable[[], Callable[[], LeaseStore]]) -> None:
-        for renewal in ("node", "shard"):
+    def row(kind: str, make: Callable[[], Callable[[], LeaseStore]],
+            modes: tuple[str, ...] = ("node", "shard")) -> None:
+        for renewal in modes:
             begun = time.monotonic()
             try:
                 r = asyncio.run(_stop_run(make(), shards, ttl, renewal, close_latency))
@@ -984,7 +985,9 @@ def bench_stop(quick: bool) -> None:
                 asyncio.run(_create_bucket(endpoint, bucket))
                 url = f"s3://{bucket}/stop?endpoint={endpoint}&path_style=true"
                 return lambda: open_store(url)
-            row("s3", s3)
+            # Shard renewal of 512 shards is 256 PUTs a second at this TTL,
+            # more than moto serves on this machine: node renewal only.
+            row("s3", s3, modes=("node", "shard") if quick else ("node",))
     say()
 
 

@@ -40,6 +40,8 @@ FASTER: tuple[tuple[str, float | None], ...] = (
     ("lease_ttl", 6.0), ("interval", None), ("margin", None))
 FAST_9: tuple[tuple[str, float | None], ...] = (
     ("lease_ttl", 9.0), ("interval", None), ("margin", None))
+TTL_45: tuple[tuple[str, float | None], ...] = (
+    ("lease_ttl", 45.0), ("interval", None), ("margin", None))
 
 
 @dataclass(frozen=True)
@@ -476,6 +478,26 @@ REGRESSIONS: list[Regression] = [
                              Leave(at=40.5, node="n3")),
                          kinds=("store_all", "leave", "crash", "lost_answers"),
                          origin=1702605342)),
+    # A checker bug, (n): a TTL change (9 s -> 45 s) that one node refused
+    # (node mode: a margin its epoch cannot hold) left it judging its peers,
+    # now writing every 15 s, by 9 s. (n) now leaves out what follows a
+    # refused change.
+    Regression("seed-2059624861",
+               "reconfigure_ttl,store_all,pause: (n) at 774.543: n2 counted 3 live node(s), "
+               "fewer than the 3 that worked throughout [504.543, 774.543]: n0, n1, n3",
+               SwarmCase(nodes=4, shards=4, seed=790098747, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             StoreFault(at=122.8, until=482.8, latency=9.0, jitter=2.7,
+                                        error_rate=0.5, lost_reply_rate=0.1),
+                             Reconfigure(at=142.3, node="n0", changes=TTL_45),
+                             Reconfigure(at=151.0, node="n3", changes=TTL_45),
+                             Pause(at=209.4, node="n3", duration=135.0),
+                             Reconfigure(at=209.4, node="n0", changes=FAST_9),
+                             Reconfigure(at=212.0, node="n3", changes=FAST_9),
+                             Reconfigure(at=239.0, node=None, changes=FAST_9),
+                             Reconfigure(at=421.0, node=None, changes=TTL_45)),
+                         kinds=("reconfigure_ttl", "store_all", "pause"),
+                         origin=2059624861)),
 ]
 
 #: Found or made cases whose bug is known and not fixed yet: each must still

@@ -627,6 +627,8 @@ def check_counted(trace: Sequence[TraceEvent], faults: Sequence[Fault], until: f
             begun = None
     if begun is not None:
         mixed.append((begun, math.inf))
+    # A change some node refused leaves the nodes apart for good.
+    mixed += [(ev.t, math.inf) for ev in trace if ev.kind == "reconfigure_refused"]
     ends: dict[str, float] = {}  # (the first: a leave, then its left)
     for ev in trace:
         if ev.kind in ("crash", "leave", "died", "left"):
