@@ -616,12 +616,18 @@ async def steady_in_process(make_store: Callable[[], LeaseStore], shards: int, t
         steady.cpu_ms = 1000 * cpu / done  # the process's CPU, shared by the loops
         return steady
     finally:
-        for p in loops:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.stop(), 10 * ttl)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _wind_down(loops, tasks, ttl)
+
+
+async def _wind_down(loops: list[PlacementLoop], tasks: list[asyncio.Task[None]],
+                     ttl: float) -> None:
+    """Stop `loops` gracefully (within 10 TTLs each), then cancel what runs."""
+    for p in loops:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(p.stop(), 10 * ttl)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def node_worker(argv: list[str]) -> None:
@@ -916,12 +922,7 @@ async def _stop_run(make_store: Callable[[], LeaseStore], shards: int, ttl: floa
         return StopRun(writes, counts["SelfFence"], counts["Overrun"], list(stop_s),
                        reopened_s, unowned)
     finally:
-        for p in new:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.stop(), 10 * ttl)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _wind_down(new, tasks, ttl)
         for p in (*old, *new):
             with contextlib.suppress(Exception):
                 await p.store.aclose()

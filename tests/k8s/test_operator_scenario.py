@@ -22,7 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from shardlease.routing import shard_for_key
-from shardlease.stores.kubernetes import lease_name
+from shardlease.stores.kubernetes import epoch_object_name, lease_name
 
 from .conftest import cpmod
 from .scenario import (
@@ -272,8 +272,18 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         coord = client.CoordinationV1Api(api)
         for s in before:
             lease = await coord.read_namespaced_lease(lease_name("db", s), namespace)
-            # Freed (no holder) or already taken by db-0: never left to expire.
-            assert lease.spec.holder_identity in (None, "db-0")
+            # Freed or already taken by db-0, never left to expire. In node
+            # renewal a stop frees every lease at once by ending its epoch
+            # (docs/renewal.md, rule 7): the lease may still name db-2's
+            # epoch until db-0's next round, but that epoch is ended.
+            if lease.spec.holder_identity == leaving:
+                ann = lease.metadata.annotations or {}
+                assert ann.get("shardlease.io/renewal") == "node", ann
+                epoch = await coord.read_namespaced_lease(epoch_object_name(
+                    "db", leaving, ann["shardlease.io/incarnation"]), namespace)
+                assert (epoch.metadata.labels or {}).get("shardlease.io/ended") == "true"
+            else:
+                assert lease.spec.holder_identity in (None, "db-0")
         await core.delete_namespaced_pod(leaving, namespace, grace_period_seconds=0)
         await eventually(lambda: balanced(["db-0"]), "db-0 to own every shard", 60)
 
