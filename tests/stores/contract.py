@@ -258,12 +258,14 @@ class StoreContract:
             self, store: LeaseStore, second_store: LeaseStore) -> None:
         # A graceful stop ends its own epoch; peers learn it from their next
         # listing (a hint they confirm by a read) instead of a TTL of silence.
-        v1 = await store.create_epoch(make_epoch("node-a", "e1"))
-        await store.create_epoch(make_epoch("node-b", "e1"))
-        listed = await second_store.list_epochs(CLUSTER)
+        # (Written by the second client, listed by the first: a watch-fed
+        # store's second client returns once the first's cache shows a write.)
+        v1 = await second_store.create_epoch(make_epoch("node-a", "e1"))
+        await second_store.create_epoch(make_epoch("node-b", "e1"))
+        listed = await store.list_epochs(CLUSTER)
         assert ended_hints(listed) == frozenset()
-        await store.update_epoch(make_epoch("node-a", "e1", ended_by="node-a"), v1)
-        listed = await second_store.list_epochs(CLUSTER)
+        await second_store.update_epoch(make_epoch("node-a", "e1", ended_by="node-a"), v1)
+        listed = await store.list_epochs(CLUSTER)
         assert set(listed) == {("node-a", "e1"), ("node-b", "e1")}
         assert ended_hints(listed) == {("node-a", "e1")}
         # Gone with its record (garbage collection), hint and all.
