@@ -26,7 +26,7 @@ EXPECTED = {
     # telemetry and its events
     "Telemetry", "Event", "Claim", "Release", "Lost", "SelfFence", "RenewFailed",
     "RenewSlow", "Overrun", "EpochEnded", "ExtendFailed", "Opened", "DeadlineMoved",
-    "Closed", "CorruptLease", "NewerRecord", "Round",
+    "Closed", "CorruptLease", "NewerRecord", "Round", "Joined",
     # the errors (shardlease.errors)
     "ShardleaseError", "ConfigError", "StoreError", "StoreUnsafe", "Conflict",
     "CorruptRecord", "HostError", "EngineError", "RunnerDied", "LoopDied", "PluginError",

@@ -480,8 +480,11 @@ async def test_a_shard_the_host_refuses_cools_down_and_is_adopted_by_a_peer_at_i
     a = Node("a", backend, peers=lambda: names)
     a.host.open_errors[refused] = HostError("this host cannot serve it")
     a.start()
+    # b starts once a claimed (its second round: b was not live in its
+    # first), so that a tries the shard it prefers.
+    await asyncio.sleep(6)
     b = Node("b", backend, peers=lambda: names).start()
-    await asyncio.sleep(120)
+    await asyncio.sleep(114)
     assert b.host.open_now.get(refused) is not None  # opened by the peer above its share
     assert refused not in a.opened()
     # a tried it a few times, with growing pauses: no claim-open-fail-free loop.
@@ -506,3 +509,99 @@ async def test_a_graceful_stop_waits_for_a_heartbeat_its_round_gave_up_on() -> N
     assert (CLUSTER, "a") not in backend.heartbeats
     await a.stop()
     assert now() >= 8.0 and (CLUSTER, "a") not in backend.heartbeats
+
+
+# -- hints: a round woken early ---------------------------------------------------------
+
+
+def round_starts(node: Node, hinted: bool | None = None) -> list[float]:
+    """When each round began (a Round event is emitted at its end)."""
+    return [t - ev.duration for t, ev in node.of(Round) if hinted in (None, ev.hinted)]
+
+
+@virtual
+async def test_a_hint_wakes_the_next_round_at_once_and_the_schedule_goes_on_from_it() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend).start()
+    await claimed()
+    await asyncio.sleep(7.3 - now())
+    a.loop.hint()
+    await asyncio.sleep(0.01)
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [7.3]
+    await asyncio.sleep(13 - now())
+    # Rounds start every interval from the last one, the hinted one included.
+    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 7.3, 12.3]
+    await a.stop()
+
+
+@virtual
+async def test_hints_together_wake_one_round_and_woken_rounds_keep_a_gap() -> None:
+    from shardlease.loop import HINT_GAP
+
+    backend = MemoryBackend()
+    a = Node("a", backend).start()
+    await claimed()
+    await asyncio.sleep(7.3 - now())
+    for _ in range(100):
+        a.loop.hint()
+    await asyncio.sleep(0.5)
+    assert len(round_starts(a, hinted=True)) == 1
+    # A hint every 0.1 s for 10 s: rounds at most every HINT_GAP intervals.
+    gap = HINT_GAP * 5.0
+    while now() < 18:
+        a.loop.hint()
+        await asyncio.sleep(0.1)
+    starts = [t for t in round_starts(a) if 8 <= t <= 18]
+    assert len(starts) <= 10 / gap + 1
+    assert all(b - a_ >= gap - 1e-6 for a_, b in itertools.pairwise(starts)), starts
+    await a.stop()
+
+
+@virtual
+async def test_a_hint_during_a_round_asks_for_one_more_round() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend).start()
+    await claimed()
+    await asyncio.sleep(10 - now())
+    # The round of 10 s reads; a hint arriving while it runs may be about a
+    # change it read before: one more round follows, HINT_GAP later.
+    await asyncio.sleep(0)
+    a.loop.hint()
+    await asyncio.sleep(2)
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [11.25]
+    await a.stop()
+
+
+@virtual
+async def test_the_first_round_claims_when_every_known_peer_is_live() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, peers=lambda: {"a"}).start()
+    await idle()
+    assert a.opened() == {0, 1, 2, 3}  # its first round: nobody else to wait for
+    b = Node("b", backend, peers=lambda: {"a", "b", "c"}).start()
+    await idle()
+    assert b.opened() == set()  # c is not live yet: the first round only reads
+    await a.stop()
+    await b.stop()
+
+
+@pytest.mark.parametrize("mode", ["shard", "node"])
+@virtual
+async def test_a_shard_freed_by_a_stop_is_claimed_at_once_by_a_hinted_peer(mode: str) -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, renewal=mode, peers=lambda: {"a", "b"})
+    b = Node("b", backend, renewal=mode, peers=lambda: {"a", "b"})
+    b.telemetry.subscribe(lambda ev: a.loop.hint() if isinstance(ev, Release) else None)
+    a.start()
+    b.start()
+    await asyncio.sleep(12.0)
+    theirs = b.opened()
+    assert theirs and theirs | a.opened() == {0, 1, 2, 3}
+    stop = asyncio.create_task(b.stop())
+    await asyncio.sleep(1.0)
+    # a's next round of its own would come at 15 s.
+    assert a.opened() == {0, 1, 2, 3}
+    claims = [t for t, ev in a.of(Claim) if ev.shard in theirs]
+    assert claims and max(claims) < 13.0, claims
+    await stop
+    await a.stop()

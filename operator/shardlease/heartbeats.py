@@ -58,11 +58,11 @@ class Heartbeats:
         self.live = {n for n, seen in self._seen.items() if now - seen.since <= ttl}
         return self.live
 
-    async def beat(self, *, stopping: Callable[[], bool]) -> None:
-        """Write this node's heartbeat (not once a stop began)."""
+    async def beat(self, *, stopping: Callable[[], bool]) -> bool:
+        """Write this node's heartbeat (not once a stop began); whether it landed."""
         async with self._lock:
             if stopping():
-                return
+                return False
             self.deleted = False
             self._seq += 1
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
@@ -72,6 +72,8 @@ class Heartbeats:
                                         lambda: self.store.put_heartbeat(hb))
             except StoreError as e:
                 logger.warning("heartbeat failed: %s", e)
+                return False
+            return True
 
     async def delete(self) -> None:
         """After any heartbeat write in flight, so that it cannot land after

@@ -29,8 +29,15 @@ Schedules, each its own task, so that nothing slow on one delays another:
      so the next owner opens a closed shard;
   4. claim, handing each claimed shard to the runner with the lease's
      generation. The node's life (`Life`) says when: its first round claims
-     nothing (peers' records may not be there yet), a stopping node claims
-     nothing and gives everything up.
+     nothing (peers' records may not be there yet) unless every peer the
+     node knows of (`peers`: the pod list) is live in it already, a stopping
+     node claims nothing and gives everything up.
+
+  A round also starts early on a hint (`hint()`): a peer freed leases or
+  joined, told by a store's watch or by the peer itself (`shardlease.hints`).
+  A hint only wakes a round, which judges what it reads as any round does;
+  woken rounds start at least `HINT_GAP` intervals after the last one began,
+  and a burst of hints wakes one round.
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -85,6 +92,7 @@ from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import LeaseStore
 from shardlease.telemetry import (
     Claim,
+    Joined,
     Round,
     Telemetry,
 )
@@ -92,6 +100,11 @@ from shardlease.view import LeaseView
 from shardlease.view import Owner as Owner
 
 logger = logging.getLogger("shardlease.loop")
+
+#: The least time between the start of a round and that of a round a hint
+#: woke, in intervals: what bounds the store load a storm of hints can make
+#: (at most 1 / HINT_GAP rounds an interval instead of one).
+HINT_GAP = 0.25
 
 @dataclass
 class _Cooldown:
@@ -104,7 +117,8 @@ class Life(enum.Enum):
 
     #: Reads and renews, claims nothing: its first round only reads (peers'
     #: liveness records may not be there yet; a node that sees only itself
-    #: would claim every shard to give most of them back a round later).
+    #: would claim every shard to give most of them back a round later),
+    #: unless it shows every peer the node knows of live.
     STARTING = "starting"
     #: Claims, releases and renews.
     RUNNING = "running"
@@ -169,6 +183,10 @@ class PlacementLoop:
         self._node_leases = False
         self.life = Life.STARTING
         self._wake = asyncio.Event()
+        #: A hint came since the last round began: the next one starts soon.
+        self._hinted = False
+        #: Whether this node's liveness record has landed once (`Joined`).
+        self._joined = False
         #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
         self._reconfigured = asyncio.Event()
         #: The shortest interval of the options before `reconfigure()`: the
@@ -325,6 +343,19 @@ class PlacementLoop:
         woken.set()
         self._wake.set()
 
+    def hint(self) -> None:
+        """A peer freed leases, or joined (a store's watch event, a hint it
+        sent: `shardlease.hints`): start the next round soon rather than at
+        its time, so that a freed shard reopens here at once. Nothing else:
+        the round judges what it reads as any round does, and every claim is
+        a compare-and-swap. Hints that come together wake one round; a woken
+        round starts no sooner than `HINT_GAP` intervals after the last one
+        began."""
+        if self.life is Life.STOPPED:
+            return
+        self._hinted = True
+        self._wake.set()
+
     def _release_beyond(self) -> None:
         """Release the held shards at or above the shard count (it shrank, or
         a claim in flight when it did landed since)."""
@@ -396,9 +427,12 @@ class PlacementLoop:
         if self.mode == "node":
             keepers.append(asyncio.create_task(self._epochs(), name="shardlease-epochs"))
         try:
+            hinted = False
             while True:
                 started = self.clock.monotonic()
-                await self._round()
+                # A hint from now on asks for one more round after this one.
+                self._hinted = False
+                await self._round(hinted=hinted)
                 if self.stopping and not self.held and not self._strays_pending():
                     break
                 delay = self.options.interval_s
@@ -407,13 +441,14 @@ class PlacementLoop:
                 # Rounds start every `interval` (start to start).
                 delay = max(0.0, delay - (self.clock.monotonic() - started))
                 self._wake.clear()
-                waiter = asyncio.create_task(self._wake.wait())
-                try:
-                    await asyncio.wait({waiter, runner, *(k for k in keepers if not k.done())},
-                                       timeout=delay,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
+                if not self._hinted or self.stopping:
+                    await self._sleep(delay, runner, keepers, wakeable=True)
+                hinted = self._hinted and not self.stopping
+                if hinted:
+                    # Rate limit: not sooner than HINT_GAP after this round began.
+                    gap = started + HINT_GAP * self.options.interval_s - self.clock.monotonic()
+                    await self._sleep(min(max(0.0, gap), delay), runner, keepers,
+                                      wakeable=False)
                 self._check_alive(runner, keepers)
         except asyncio.CancelledError:
             self._begin_stop()
@@ -440,6 +475,19 @@ class PlacementLoop:
         finally:
             self.life = Life.STOPPED
             self._done.set()
+
+    async def _sleep(self, delay: float, runner: asyncio.Task[None],
+                     keepers: list[asyncio.Task[None]], *, wakeable: bool) -> None:
+        """Wait `delay` seconds, less if the runner or a keeper ends (or, if
+        `wakeable`, `_wake` is set: a stop, a reconfigure, a hint)."""
+        waiter = asyncio.create_task(self._wake.wait()) if wakeable else None
+        try:
+            await asyncio.wait({*([waiter] if waiter else []), runner,
+                                *(k for k in keepers if not k.done())},
+                               timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if waiter is not None:
+                waiter.cancel()
 
     async def stop(self) -> None:
         """Graceful stop: close every shard and free its lease, so that peers
@@ -471,6 +519,8 @@ class PlacementLoop:
         while not self.own.retired:
             started = self.clock.monotonic()
             ok = await self.own.beat(silent=self.keeper.withdrawn())
+            if ok and self.own.valid():
+                self._announce()
 
             def due(ok: bool = ok, started: float = started) -> float:
                 pace = self._epoch_pace()
@@ -534,7 +584,14 @@ class PlacementLoop:
                 except StoreError as e:
                     logger.info("could not delete the heartbeat: %s", e)
             return
-        await self.beats.beat(stopping=lambda: self.stopping)
+        if await self.beats.beat(stopping=lambda: self.stopping):
+            self._announce()
+
+    def _announce(self) -> None:
+        """The first liveness record landed: peers may be told (`Joined`)."""
+        if not self._joined:
+            self._joined = True
+            self.telemetry.emit(Joined(cluster=self.cluster, node=self.name))
 
     # -- renewals ---------------------------------------------------------------------
 
@@ -556,9 +613,9 @@ class PlacementLoop:
 
     # -- one round of placement ---------------------------------------------------------
 
-    async def _round(self) -> None:
+    async def _round(self, *, hinted: bool = False) -> None:
         started = self.clock.monotonic()
-        first = self.life is Life.STARTING
+        starting = self.life is Life.STARTING
         live, epochs, leases = await asyncio.gather(self.beats.read(), self._read_epochs(),
                                                     self._read_leases())
         if leases is not None:
@@ -580,6 +637,11 @@ class PlacementLoop:
         else:
             live.add(self.name)
         self._live = live
+        # The first round only reads, unless it shows every peer the node
+        # knows of (the pod list) live: then nobody it could miss is left to
+        # start, and it claims its share at once.
+        known = set(self.peers())
+        first = starting and not (known and known <= live)
         if leases is not None:
             await self.keeper.check_held(leases, started)
         if withdrawn:
@@ -608,7 +670,7 @@ class PlacementLoop:
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),
                                   duration=self.clock.monotonic() - started,
-                                  ok=leases is not None))
+                                  ok=leases is not None, hinted=hinted))
 
     async def _attribute(self, leases: dict[int, Stored[Lease]]) -> None:
         """Damaged records (corrupt, or deleted under a node-mode owner)

@@ -155,6 +155,15 @@ class NewerRecord(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Joined(Event):
+    """This node's liveness record (its first epoch, or its first heartbeat)
+    landed: peers may count it from their next listing (what a hint to them
+    is for: `shardlease.hints`)."""
+
+    KIND = "joined"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Round(Event):
     KIND = "round"
     live_nodes: int
@@ -162,6 +171,8 @@ class Round(Event):
     held: int
     duration: float
     ok: bool
+    #: Whether a hint (a peer freed leases or joined) started it early.
+    hinted: bool = False
 
 
 Subscriber = Callable[[Event], None]

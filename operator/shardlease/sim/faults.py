@@ -136,6 +136,18 @@ class Corrupt:
 CORRUPTIONS = ("garbage", "truncated", "invalid")
 
 
+@dataclass(frozen=True)
+class Hints:
+    """Not a fault: how the peers' hints travel (`PlacementLoop.hint`, what
+    `shardlease.hints` sends when a node frees leases or joins). Each hint
+    to each peer is lost with probability `drop`, else delivered after
+    uniform(0, `delay`) seconds. A hint only wakes a round; the checks are
+    the same with or without them."""
+
+    drop: float = 0.0
+    delay: float = 0.0
+
+
 Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure | Corrupt
 
 

@@ -32,6 +32,7 @@ from shardlease.sim.faults import (
     Corrupt,
     Crash,
     Fault,
+    Hints,
     HostFault,
     Join,
     Leave,
@@ -162,6 +163,7 @@ def run_scenario(
     settle: float | None = None,
     recovery_bound: float | None = None,
     quiet: bool = True,
+    hints: Hints | None = None,
 ) -> ScenarioResult:
     """Simulate, check, and measure one scenario (see the package docstring)."""
     started = time.perf_counter()
@@ -174,7 +176,8 @@ def run_scenario(
             nodes=nodes, shards=shards, seed=seed, lease_ttl=lease_ttl, interval=interval,
             margin=margin, max_concurrency=max_concurrency, open_timeout=open_timeout,
             close_timeout=close_timeout, renewal=renewal, faults=list(faults),
-            wall_skews=dict(wall_skews or {}), settle=settle, recovery_bound=recovery_bound))
+            wall_skews=dict(wall_skews or {}), settle=settle, recovery_bound=recovery_bound,
+            hints=hints))
     finally:
         log.setLevel(level)
     result.real_seconds = time.perf_counter() - started
@@ -185,7 +188,7 @@ async def _scenario(
     *, nodes: int, shards: int, seed: int, lease_ttl: float, interval: float | None,
     margin: float | None, max_concurrency: int, open_timeout: float, close_timeout: float,
     renewal: Renewal, faults: list[Fault], wall_skews: dict[str, float], settle: float | None,
-    recovery_bound: float | None,
+    recovery_bound: float | None, hints: Hints | None,
 ) -> ScenarioResult:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualTimeLoop)
@@ -194,7 +197,7 @@ async def _scenario(
     interval_s, ttl = opts.interval_s, opts.lease_ttl
     world = World(shards=shards, seed=seed, lease_ttl=ttl, interval=interval, margin=margin,
                   max_concurrency=max_concurrency, open_timeout=open_timeout,
-                  close_timeout=close_timeout, renewal=renewal)
+                  close_timeout=close_timeout, renewal=renewal, hints=hints)
     world.install(loop)
     world.store_faults = [f for f in faults if isinstance(f, StoreFault)]
     world.host_faults = [f for f in faults if isinstance(f, HostFault)]
@@ -202,6 +205,7 @@ async def _scenario(
     rng = random.Random(f"{seed}/scenario")
 
     actions: list[tuple[float, int, Fault]] = []
+    world.pending = {f"n{k}" for k in range(nodes)}
     for k in range(nodes):
         name = f"n{k}"
         actions.append((rng.uniform(0, interval_s), len(actions),

@@ -30,6 +30,7 @@ from shardlease.sim.faults import (
     Corrupt,
     Crash,
     Fault,
+    Hints,
     HostFault,
     Join,
     Leave,
@@ -109,12 +110,14 @@ class SwarmCase:
     faults: tuple[Fault, ...]
     kinds: tuple[str, ...] = ()
     origin: int | None = field(default=None, compare=False)
+    #: How the nodes' hints travel (None: no hints, as before hints existed).
+    hints: Hints | None = None
 
     def run(self) -> ScenarioResult:
         return run_scenario(nodes=self.nodes, shards=self.shards, seed=self.seed,
                             lease_ttl=self.lease_ttl, interval=self.interval,
                             margin=self.margin, max_concurrency=self.max_concurrency,
-                            renewal=self.renewal, faults=self.faults)
+                            renewal=self.renewal, faults=self.faults, hints=self.hints)
 
     def describe(self) -> str:
         """The case on a few lines: options, kinds, one fault a line."""
@@ -122,7 +125,8 @@ class SwarmCase:
         if self.interval is not None or self.margin is not None:
             opts += f" interval={self.interval} margin={self.margin}"
         lines = [f"case {self.origin}: nodes={self.nodes} shards={self.shards} seed={self.seed} "
-                 f"{opts} max_concurrency={self.max_concurrency} renewal={self.renewal}",
+                 f"{opts} max_concurrency={self.max_concurrency} renewal={self.renewal}"
+                 f"{f' hints={self.hints}' if self.hints else ''}",
                  f"kinds: {', '.join(self.kinds)}", "faults:"]
         lines += [f"  {f!r}" for f in self.faults]
         return "\n".join(lines)
@@ -175,9 +179,15 @@ def draw_case(rng: random.Random, *, renewal: Renewal | None = None,
     for kind in plan:
         faults.extend(drawer.draw(kind))
     faults.sort(key=lambda f: f.at)
+    # Drawn last, so that a seed drew the same case before hints existed.
+    hints = None
+    if rng.random() < 0.7:
+        pace = interval if interval is not None else ttl / 3
+        hints = Hints(drop=rng.choice((0.0, 0.0, 0.3, 0.9)),
+                      delay=round(pace * rng.choice((0.0, 0.01, 0.3, 1.5)), 3))
     return SwarmCase(nodes=nodes, shards=shards, seed=seed, lease_ttl=ttl, interval=interval,
                      margin=margin, max_concurrency=concurrency, renewal=mode,
-                     faults=tuple(faults), kinds=chosen, origin=origin)
+                     faults=tuple(faults), kinds=chosen, origin=origin, hints=hints)
 
 
 class _Drawer:

@@ -54,7 +54,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.sim.faults import HostFault, StoreFault
+from shardlease.sim.faults import Hints, HostFault, StoreFault
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.memory import MemoryBackend, MemoryStore
@@ -63,6 +63,7 @@ from shardlease.telemetry import (
     Closed,
     CorruptLease,
     Event,
+    Joined,
     Lost,
     Opened,
     Overrun,
@@ -136,6 +137,7 @@ class SimNode:
         self.had_pause = False
         self.store_rng = random.Random(f"{world.seed}/{self.label}/store")
         self.host_rng = random.Random(f"{world.seed}/{self.label}/host")
+        self.hint_rng = random.Random(f"{world.seed}/{self.label}/hints")
         self.store = SimStore(world, self)
         self.host = RecordingHost(world, self)
         self.telemetry = Telemetry()
@@ -208,6 +210,9 @@ class SimNode:
                 self._record("claim", s, g)
             case Release(shard=s):
                 self._record("release", s)
+                self.world.send_hints(self)
+            case Joined():
+                self.world.send_hints(self)
             case Lost(shard=s):
                 self._record("lost", s)
             case SelfFence(shards=shards):
@@ -233,9 +238,11 @@ class SimNode:
                 self._record("overrun", s, g, late)
             case CorruptLease(shard=s, error=error):
                 self._record("corrupt", s, -1, 0.0, error)
-            case Round(live_nodes=live, share=share, held=held, duration=d, ok=ok):
+            case Round(live_nodes=live, share=share, held=held, duration=d, ok=ok,
+                       hinted=hinted):
                 self.world.rounds[self.label] = self.world.rounds.get(self.label, 0) + 1
-                self._record("round", -1, -1, d, f"live={live} share={share} held={held} ok={ok}")
+                self._record("round", -1, -1, d, f"live={live} share={share} held={held} ok={ok}"
+                             + (" hinted" if hinted else ""))
             case _:
                 pass
 
@@ -431,6 +438,11 @@ class World:
     #: margin the runner gave it (`margin_at`).
     margins: dict[tuple[str, int], tuple[list[int], list[float]]] = field(
         default_factory=dict)
+    #: Pods created together whose nodes have not started yet (a StatefulSet
+    #: of parallel pods: the pod list shows them all before any agent runs).
+    pending: set[str] = field(default_factory=set)
+    #: How hints travel between nodes (None: no node sends any).
+    hints: Hints | None = None
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -468,9 +480,27 @@ class World:
             node.tasks[task] = None
             task.add_done_callback(lambda t: node.tasks.pop(t, None))
 
+    def send_hints(self, sender: SimNode) -> None:
+        """`sender` freed a lease or joined: hint every other node, each hint
+        lost or late as `hints` says (a burst of frees sends one per free:
+        what the loop must coalesce)."""
+        if self.hints is None or sender.blackholed:
+            return
+        loop = asyncio.get_running_loop()
+        for node in self.nodes:
+            if node is sender or node.status not in ("running", "leaving"):
+                continue
+            if sender.hint_rng.random() < self.hints.drop:
+                continue
+            delay = sender.hint_rng.uniform(0, self.hints.delay) if self.hints.delay else 0.0
+            self.record(node.label, "hinted", detail=sender.label)
+            loop.call_later(delay, node.loop.hint)
+
     def peer_names(self) -> list[str]:
-        """Peer discovery: the pods that exist (not crashed, not departed)."""
-        return [n.name for n in self.nodes if n.status in ("running", "leaving")]
+        """Peer discovery: the pods that exist (not crashed, not departed),
+        and those created whose node has not started yet (`pending`)."""
+        names = [n.name for n in self.nodes if n.status in ("running", "leaving")]
+        return names + sorted(self.pending - set(names))
 
     def live_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes if n.live]
@@ -552,6 +582,7 @@ class World:
         if previous is not None and previous.status in ("running", "leaving"):
             raise ValueError(f"node {name} is already running")
         incarnation = sum(1 for n in self.nodes if n.name == name)
+        self.pending.discard(name)
         node = SimNode(self, name, incarnation, wall_skew)
         self.nodes.append(node)
         self.record(node.label, "start", value=wall_skew)
