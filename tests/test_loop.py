@@ -551,9 +551,10 @@ async def test_hints_together_wake_one_round_and_woken_rounds_keep_a_gap() -> No
     while now() < 18:
         a.loop.hint()
         await asyncio.sleep(0.1)
-    starts = [t for t in round_starts(a) if 8 <= t <= 18]
+    starts = [t for t in round_starts(a, hinted=True) if 8 <= t <= 18]
     assert len(starts) <= 10 / gap + 1
     assert all(b - a_ >= gap - 1e-6 for a_, b in itertools.pairwise(starts)), starts
+    assert len([t for t in round_starts(a) if 8 <= t <= 18]) <= 10 / gap + 10 / 5 + 1
     await a.stop()
 
 
@@ -564,11 +565,12 @@ async def test_a_hint_during_a_round_asks_for_one_more_round() -> None:
     await claimed()
     await asyncio.sleep(10 - now())
     # The round of 10 s reads; a hint arriving while it runs may be about a
-    # change it read before: one more round follows, HINT_GAP later.
+    # change it read before: one more round follows at once.
     await asyncio.sleep(0)
     a.loop.hint()
     await asyncio.sleep(2)
-    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [11.25]
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [10.0]
+    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 10.0, 10.0]
     await a.stop()
 
 

@@ -45,8 +45,8 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +87,43 @@ class ProcessRun:
     failover: float | None  # seconds from kill -9 until all the victim's shards reopened
     join: float  # seconds from the restart until balanced
     leave: float  # seconds from SIGTERM to one node until balanced
+    #: Per step ("start", "join", "leave"): (shards opened in it, unowned shard-seconds).
+    moves: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
-async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int) -> ProcessRun:
+def unowned(events: Sequence[Mapping[str, Any]], shards: int, since: float,
+            until: float) -> tuple[int, float]:
+    """Opens in [since, until] and the shard-seconds in it during which a
+    shard was open nowhere (open from its `open_end` to its `close_start`)."""
+    spans: dict[int, list[tuple[float, float]]] = {s: [] for s in range(shards)}
+    began: dict[tuple[str, int], float] = {}
+    opens = 0
+    for ev in sorted(events, key=lambda e: float(e.get("wall", 0.0))):
+        kind, t = ev.get("event"), float(ev.get("wall", 0.0))
+        if kind not in ("open_end", "close_start") or not isinstance(ev.get("shard"), int):
+            continue
+        key = (str(ev.get("node")), int(ev["shard"]))
+        if kind == "open_end":
+            began[key] = t
+            opens += since <= t <= until
+        elif key in began:
+            spans.setdefault(key[1], []).append((began.pop(key), t))
+    for (_, shard), t in began.items():
+        spans.setdefault(shard, []).append((t, math.inf))
+    total = 0.0
+    for shard in range(shards):
+        covered, cursor = 0.0, since
+        for a, b in sorted(spans.get(shard, [])):
+            a, b = max(a, cursor), min(b, until)
+            if b > a:
+                covered += b - a
+                cursor = b
+        total += (until - since) - covered
+    return opens, total
+
+
+async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int,
+                       hints: bool = True) -> ProcessRun:
     from shardlease.checker import load_events
     from shardlease.demo import Demo, recovery_after
     from shardlease.owners import read_owners
@@ -99,13 +133,18 @@ async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int) -> Pr
     for sub in ("events", "logs"):
         (workdir / sub).mkdir(parents=True)
     demo = Demo(nodes=nodes, shards=shards, store_url=f"file://{store_dir}", cluster="bench",
-                workdir=workdir, ttl=ttl, view="none")
+                workdir=workdir, ttl=ttl, view="none", hints=hints)
     store = FileStore(store_dir)
     names = [f"node-{i}" for i in range(nodes)]
+    settle = ttl / 3
     try:
         for name in names:
             demo.start(name)
-        await demo.wait_balanced(store, "after the start")
+        balanced = await demo.wait_balanced(store, "after the start")
+        await asyncio.sleep(settle)
+        events = load_events(demo.records)
+        up = min(float(e["wall"]) for e in events if e.get("event") == "node_start")
+        moves = {"start": unowned(events, shards, up, balanced)}
         rows, _ = await read_owners(store, "bench", shards)
         victim, leaver = names[1], names[0]
         lost = [r.shard for r in rows if r.owner == victim]
@@ -115,16 +154,21 @@ async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int) -> Pr
         await asyncio.sleep(ttl / 3)
         joined_at = time.time()
         demo.start(victim)
-        join = await demo.wait_balanced(store, "after the join") - joined_at
-        await asyncio.sleep(ttl / 3)
+        balanced = await demo.wait_balanced(store, "after the join")
+        join = balanced - joined_at
+        await asyncio.sleep(settle)
+        moves["join"] = unowned(load_events(demo.records), shards, joined_at, balanced)
         member = demo.members[leaver]
         assert member.proc is not None
         left_at = time.time()
         member.proc.terminate()
         await asyncio.to_thread(member.proc.wait)
         member.state = "stopped"
-        leave = await demo.wait_balanced(store, "after the leave") - left_at
-        return ProcessRun(failover, join, leave)
+        balanced = await demo.wait_balanced(store, "after the leave")
+        leave = balanced - left_at
+        await asyncio.sleep(settle)
+        moves["leave"] = unowned(load_events(demo.records), shards, left_at, balanced)
+        return ProcessRun(failover, join, leave, moves)
     finally:
         demo.stop_all(grace=3 * ttl)
 
@@ -135,19 +179,27 @@ def bench_failover(quick: bool) -> None:
     interval = ttl / 3
     say(f"== failover after kill -9 (real node processes, file store, {nodes} nodes, "
         f"{shards} shards, lease TTL {ttl:g}s, interval {interval:g}s) ==")
+    say("  moves: shards opened in each step, and the shard-seconds a shard was open nowhere "
+        "(start: from the first node's start until balanced; join and leave: from the "
+        "start or the SIGTERM until balanced)")
     runs = []
-    for i in range(repetitions):
-        workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
-        try:
-            run = asyncio.run(_process_run(workdir, ttl, shards, nodes))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        runs.append(run)
-        failover = "not recovered" if run.failover is None else \
-            f"{run.failover:.2f}s = {run.failover / ttl:.2f} x TTL"
-        say(f"  run {i + 1}: failover {failover}; balanced {run.join:.2f}s "
-            f"(~{run.join / interval:.1f} intervals) after a join, {run.leave:.2f}s "
-            f"(~{run.leave / interval:.1f} intervals) after a graceful leave")
+    for hints in (True, False):
+        for i in range(repetitions):
+            workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+            try:
+                run = asyncio.run(_process_run(workdir, ttl, shards, nodes, hints))
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if hints:
+                runs.append(run)
+            failover = "not recovered" if run.failover is None else \
+                f"{run.failover:.2f}s = {run.failover / ttl:.2f} x TTL"
+            steps = ", ".join(f"{k} {n} opens / {u:.2f} unowned shard-s"
+                              for k, (n, u) in run.moves.items())
+            say(f"  {'hints' if hints else 'no hints'}, run {i + 1}: failover {failover}; "
+                f"balanced {run.join:.2f}s (~{run.join / interval:.1f} intervals) after a "
+                f"join, {run.leave:.2f}s (~{run.leave / interval:.1f} intervals) after a "
+                f"graceful leave; {steps}")
     done = [r.failover / ttl for r in runs if r.failover is not None]
     say(f"failover time / TTL after kill -9: median {_median(done)}, "
         f"min {min(done, default=math.nan):.2f}, max {max(done, default=math.nan):.2f} "

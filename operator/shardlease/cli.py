@@ -174,6 +174,21 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
         return _fail(f"store {args.store}: {what}", EXIT_FAILED)
 
     placement = PlacementLoop(store, host, options, peers=peers.keys, telemetry=telemetry)
+    hints = None
+    if args.hints is not None:
+        from shardlease.hints import HintChannel
+
+        hints = HintChannel(cluster=options.cluster_name, name=options.name, listen=args.hints,
+                            peers=lambda: peers, on_hint=placement.hint)
+        try:
+            bound = await hints.start()
+        except ConfigError as e:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+            return _fail(str(e), EXIT_CONFIG)
+        telemetry.subscribe(hints.on_event)
+        logger.info("hints: listening on %s:%d, sending to %d peer(s)", *bound,
+                    len(set(peers) - {options.name}))
     recorder = host if isinstance(host, RecordHost) else None
     if recorder is not None:
         telemetry.subscribe(recorder.on_event)
@@ -226,6 +241,8 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
                 await task
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if hints is not None:
+            await hints.aclose()
         if recorder is not None:
             recorder.record("node_stop", code=code)
             recorder.close_file()
@@ -246,6 +263,12 @@ def cmd_node(args: argparse.Namespace) -> int:
                                cluster_name=args.cluster, max_concurrency=args.max_concurrency,
                                renewal=args.renewal)
         peers = parse_peers(args.peer)
+        if args.hints is not None:
+            from shardlease.hints import parse_address
+
+            args.hints = parse_address(args.hints, "--hints")
+            for name, address in peers.items():
+                parse_address(address, f"--peer {name}=")
         store = open_store(args.store)
         host = make_host(args.host, options.name)
     except ConfigError as e:
@@ -378,7 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--host", default="log",
                       help="log, http://127.0.0.1:PORT (sidecar) or record:PATH (tests)")
     node.add_argument("--peer", action="append", default=[], metavar="NAME=ADDRESS",
-                      help="a peer lookup may route to (repeat); stands in for the pod list")
+                      help="a peer (repeat): stands in for the pod list; lookup routes only to "
+                           "peers, a first round claims at once once every peer is live, and "
+                           "with --hints ADDRESS is its HOST:PORT for hints")
+    node.add_argument("--hints", metavar="HOST:PORT",
+                      help="listen for peers' hints (UDP) here, and hint the --peer addresses "
+                           "when this node frees leases or joins: freed shards reopen at once")
     node.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1")
     node.add_argument("--log-format", choices=("text", "json"), default="text")
     node.add_argument("--log-level", choices=("debug", "info", "warning", "error"),

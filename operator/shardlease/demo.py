@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,13 @@ from shardlease.errors import DemoError as DemoError  # (re-exported: its old ho
 from shardlease.errors import ShardleaseError
 from shardlease.owners import OwnerRow, read_owners
 from shardlease.stores.base import LeaseStore
+
+
+def _free_udp_port() -> int:
+    """A UDP port free on loopback now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -57,6 +65,9 @@ class Demo:
     timeout: float = 60.0
     #: Nodes that reach the store another way (the bench: through a fault proxy).
     store_for: dict[str, str] = field(default_factory=dict)
+    #: Whether the nodes hint each other (`--hints`, `--peer`): a freed shard
+    #: reopens at once (the bench measures both).
+    hints: bool = True
     started: float = field(default_factory=time.time)
     members: dict[str, DemoNode] = field(default_factory=dict)
     marks: list[tuple[str, float]] = field(default_factory=list)
@@ -68,6 +79,8 @@ class Demo:
 
     def __post_init__(self) -> None:
         self.picture = DemoView(shards=self.shards, ttl=self.ttl)
+        #: Each node's hint address: the demo's nodes know every other.
+        self.hint_ports = {f"node-{i}": _free_udp_port() for i in range(self.nodes)}
 
     @property
     def records(self) -> list[Path]:
@@ -79,7 +92,17 @@ class Demo:
                 "--cluster", self.cluster, "--name", name, "--shards", str(self.shards),
                 "--lease-ttl", f"{self.ttl:g}",
                 "--host", f"record:{self.workdir / 'events' / (name + '.jsonl')}",
-                "--log-format", "json", "--parent-pid", str(os.getpid())]
+                "--log-format", "json", "--parent-pid", str(os.getpid()),
+                *self.hint_args(name)]
+
+    def hint_args(self, name: str) -> list[str]:
+        if not self.hints:
+            return []
+        port = self.hint_ports.setdefault(name, _free_udp_port())
+        args = ["--hints", f"127.0.0.1:{port}"]
+        for peer, peer_port in sorted(self.hint_ports.items()):
+            args += ["--peer", f"{peer}=127.0.0.1:{peer_port}"]
+        return args
 
     def start(self, name: str) -> None:
         assert self.picture is not None

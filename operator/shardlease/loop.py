@@ -36,8 +36,8 @@ Schedules, each its own task, so that nothing slow on one delays another:
   A round also starts early on a hint (`hint()`): a peer freed leases or
   joined, told by a store's watch or by the peer itself (`shardlease.hints`).
   A hint only wakes a round, which judges what it reads as any round does;
-  woken rounds start at least `HINT_GAP` intervals after the last one began,
-  and a burst of hints wakes one round.
+  woken rounds start at least `HINT_GAP` intervals apart, and a burst of
+  hints wakes one round.
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -101,9 +101,9 @@ from shardlease.view import Owner as Owner
 
 logger = logging.getLogger("shardlease.loop")
 
-#: The least time between the start of a round and that of a round a hint
-#: woke, in intervals: what bounds the store load a storm of hints can make
-#: (at most 1 / HINT_GAP rounds an interval instead of one).
+#: The least time between the starts of two rounds a hint woke, in
+#: intervals: what bounds the store load a storm of hints can make (at most
+#: 1 / HINT_GAP woken rounds an interval besides the one of its time).
 HINT_GAP = 0.25
 
 @dataclass
@@ -187,6 +187,8 @@ class PlacementLoop:
         self._hinted = False
         #: Whether this node's liveness record has landed once (`Joined`).
         self._joined = False
+        #: When the rounds of the first interval end (set by the first).
+        self._claims_from = math.inf
         #: Set (and replaced) by `reconfigure()`: wakes the schedules' sleeps.
         self._reconfigured = asyncio.Event()
         #: The shortest interval of the options before `reconfigure()`: the
@@ -349,8 +351,8 @@ class PlacementLoop:
         its time, so that a freed shard reopens here at once. Nothing else:
         the round judges what it reads as any round does, and every claim is
         a compare-and-swap. Hints that come together wake one round; a woken
-        round starts no sooner than `HINT_GAP` intervals after the last one
-        began."""
+        round starts no sooner than `HINT_GAP` intervals after the last woken
+        one began."""
         if self.life is Life.STOPPED:
             return
         self._hinted = True
@@ -427,7 +429,7 @@ class PlacementLoop:
         if self.mode == "node":
             keepers.append(asyncio.create_task(self._epochs(), name="shardlease-epochs"))
         try:
-            hinted = False
+            hinted, hinted_at = False, -math.inf
             while True:
                 started = self.clock.monotonic()
                 # A hint from now on asks for one more round after this one.
@@ -445,10 +447,13 @@ class PlacementLoop:
                     await self._sleep(delay, runner, keepers, wakeable=True)
                 hinted = self._hinted and not self.stopping
                 if hinted:
-                    # Rate limit: not sooner than HINT_GAP after this round began.
-                    gap = started + HINT_GAP * self.options.interval_s - self.clock.monotonic()
+                    # Rate limit: not sooner than HINT_GAP after the last
+                    # hinted round began (a round of its time does not delay
+                    # one: it may have read just before the free).
+                    gap = hinted_at + HINT_GAP * self.options.interval_s - self.clock.monotonic()
                     await self._sleep(min(max(0.0, gap), delay), runner, keepers,
                                       wakeable=False)
+                    hinted_at = self.clock.monotonic()
                 self._check_alive(runner, keepers)
         except asyncio.CancelledError:
             self._begin_stop()
@@ -615,7 +620,11 @@ class PlacementLoop:
 
     async def _round(self, *, hinted: bool = False) -> None:
         started = self.clock.monotonic()
-        starting = self.life is Life.STARTING
+        if self.rounds == 0:
+            self._claims_from = started + self.options.interval_s
+        # (A round of its time starts an interval after the first one, to
+        # within float rounding.)
+        starting = self.life is Life.STARTING and started < self._claims_from - 1e-6
         live, epochs, leases = await asyncio.gather(self.beats.read(), self._read_epochs(),
                                                     self._read_leases())
         if leases is not None:
@@ -637,9 +646,10 @@ class PlacementLoop:
         else:
             live.add(self.name)
         self._live = live
-        # The first round only reads, unless it shows every peer the node
-        # knows of (the pod list) live: then nobody it could miss is left to
-        # start, and it claims its share at once.
+        # The rounds of the first interval only read (a round a hint woke
+        # too: the peers it knows of may still be starting), unless one shows
+        # every peer the node knows of (the pod list) live: then nobody it
+        # could miss is left to start, and it claims its share at once.
         known = set(self.peers())
         first = starting and not (known and known <= live)
         if leases is not None:
@@ -665,7 +675,7 @@ class PlacementLoop:
         if leases is not None and epochs is not None:
             await self.epoch_watch.collect(self.view.named)
         self.rounds += 1
-        if self.life is Life.STARTING:
+        if self.life is Life.STARTING and not first:
             self.life = Life.RUNNING
         self.telemetry.emit(Round(cluster=self.cluster, node=self.name, live_nodes=len(live),
                                   share=share, held=len(self.held),

@@ -498,6 +498,27 @@ REGRESSIONS: list[Regression] = [
                              Reconfigure(at=421.0, node=None, changes=TTL_45)),
                          kinds=("reconfigure_ttl", "store_all", "pause"),
                          origin=2059624861)),
+    Regression("seed-4153818696",
+               "the case the garbage-end-is-a-licence mutant is caught by since nodes claim in "
+               "their first round once every known peer is live (5e79b4f's seed-961192410 no "
+               "longer draws the interleaving): TTL cuts in place on two canaries, a leave, "
+               "failing lease listings, then failing epoch writes",
+               SwarmCase(nodes=3, shards=6, seed=2096913772, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="node", faults=(
+                             Reconfigure(at=21.6, node="n2", changes=FASTER),
+                             Reconfigure(at=29.4, node="n1", changes=FASTER),
+                             Reconfigure(at=119.4, node=None, changes=FASTER),
+                             Leave(at=255.4, node="n1"),
+                             Reconfigure(at=278.6, node="n2", changes=(
+                                 ("lease_ttl", 120.0), ("interval", 20.0), ("margin", 10.0))),
+                             StoreFault(at=285.2, until=375.2, node=None, error_rate=1.0,
+                                        lost_reply_rate=0.3, calls=frozenset({"list_leases"})),
+                             Reconfigure(at=305.6, node=None, changes=(
+                                 ("lease_ttl", 120.0), ("interval", 20.0), ("margin", 10.0))),
+                             StoreFault(at=511.9, until=691.9, node="n2", error_rate=1.0,
+                                        lost_reply_rate=0.3,
+                                        calls=frozenset({"update_epoch", "create_epoch"}))),
+                         kinds=("reconfigure_ttl", "store_one", "leave"), origin=4153818696)),
 ]
 
 #: Found or made cases whose bug is known and not fixed yet: each must still
