@@ -14,12 +14,13 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import RunnerDied
-from shardlease.loop import PlacementLoop
+from shardlease.loop import PlacementLoop, wakes
 from shardlease.options import Options
 from shardlease.records import Lease, decode_heartbeat, stored_lease
 from shardlease.runner import State
 from shardlease.sim.fakes import ScriptedStore, StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
+from shardlease.stores.base import Change
 from shardlease.stores.memory import MemoryBackend
 from shardlease.telemetry import (
     Claim,
@@ -607,3 +608,28 @@ async def test_a_shard_freed_by_a_stop_is_claimed_at_once_by_a_hinted_peer(mode:
     assert claims and max(claims) < 13.0, claims
     await stop
     await a.stop()
+
+
+@pytest.mark.parametrize(("change", "woken"), [
+    # A lease freed (a release, a stop's free): a round may claim it.
+    (Change("lease", "modified", free=True), True),
+    (Change("lease", "added", free=True), True),
+    # A claim or a renewal frees nothing; a deletion is damage, judged by TTL.
+    (Change("lease", "modified"), False),
+    (Change("lease", "added"), False),
+    (Change("lease", "deleted"), False),
+    # A peer's epoch ended (its leases are claimable), new (a join) or gone.
+    (Change("epoch", "modified", node="b", ended=True), True),
+    (Change("epoch", "added", node="b"), True),
+    (Change("epoch", "deleted", node="b"), True),
+    (Change("epoch", "modified", node="b"), False),  # a renewal
+    # Heartbeats: a join or a leave changes the share; a beat does not.
+    (Change("heartbeat", "added", node="b"), True),
+    (Change("heartbeat", "deleted", node="b"), True),
+    (Change("heartbeat", "modified", node="b"), False),
+    # This node's own records tell it nothing new.
+    (Change("epoch", "modified", node="a", ended=True), False),
+    (Change("heartbeat", "added", node="a"), False),
+])
+def test_which_changes_a_watch_sees_wake_a_round(change: Change, woken: bool) -> None:
+    assert wakes(change, "a") is woken

@@ -89,7 +89,7 @@ from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
 from shardlease.records import Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import Change, LeaseStore
 from shardlease.telemetry import (
     Claim,
     Joined,
@@ -105,6 +105,20 @@ logger = logging.getLogger("shardlease.loop")
 #: intervals: what bounds the store load a storm of hints can make (at most
 #: 1 / HINT_GAP woken rounds an interval besides the one of its time).
 HINT_GAP = 0.25
+
+def wakes(change: Change, name: str) -> bool:
+    """Whether a change a store's watch saw is worth a round now: a lease
+    freed, a peer's epoch ended or gone, a peer's liveness record new or gone
+    (the share changes). Renewals (of leases, epochs or heartbeats) and
+    claims are not: they free nothing and change no share."""
+    if change.kind == "lease":
+        return change.free and change.what != "deleted"
+    if change.node == name:
+        return False
+    if change.kind == "epoch":
+        return change.ended or change.what != "modified"
+    return change.what != "modified"  # heartbeats
+
 
 @dataclass
 class _Cooldown:
@@ -358,6 +372,12 @@ class PlacementLoop:
         self._hinted = True
         self._wake.set()
 
+    def _on_change(self, change: Change) -> None:
+        """A change the store's watch saw: a hint if it may free a shard here
+        or change the share (`wakes`)."""
+        if wakes(change, self.name):
+            self.hint()
+
     def _release_beyond(self) -> None:
         """Release the held shards at or above the shard count (it shrank, or
         a claim in flight when it did landed since)."""
@@ -421,6 +441,9 @@ class PlacementLoop:
         """Run until `stop()` (graceful) or cancellation (closes every shard,
         frees what it can, then re-raises). Raises `RunnerDied` if the runner
         stops on its own, `EngineError` if another of the loop's tasks does."""
+        # A store that watches its backend wakes a round on what may free a
+        # shard here (Kubernetes: the Lease watch); others rely on hints.
+        unwatch = self.store.watch_changes(self.cluster, self._on_change)
         runner = asyncio.create_task(self.runner.run(), name="shardlease-runner")
         keepers = [
             asyncio.create_task(self._heartbeats(), name="shardlease-heartbeats"),
@@ -478,6 +501,8 @@ class PlacementLoop:
             await _cancel(runner)
             await self._drain_tasks()
         finally:
+            if unwatch is not None:
+                unwatch()
             self.life = Life.STOPPED
             self._done.set()
 

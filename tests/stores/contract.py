@@ -57,7 +57,7 @@ from shardlease.records import (
     encode_shards,
     new_write_id,
 )
-from shardlease.stores.base import VANISHED, LeaseStore, ended_hints
+from shardlease.stores.base import VANISHED, Change, LeaseStore, ended_hints
 
 CLUSTER = "contract"
 OTHER_CLUSTER = "contract-other"
@@ -272,6 +272,40 @@ class StoreContract:
         await second_store.delete_epoch(CLUSTER, "node-a", "e1")
         listed = await store.list_epochs(CLUSTER)
         assert set(listed) == {("node-b", "e1")} and ended_hints(listed) == frozenset()
+
+    async def test_a_watching_store_tells_of_frees_ends_joins_and_leaves(
+            self, store: LeaseStore, second_store: LeaseStore) -> None:
+        # What wakes a peer's round at once (loop.wakes): on a store without
+        # a watch, nothing (hints do it), and it says so.
+        seen: list[Change] = []
+        unwatch = store.watch_changes(CLUSTER, seen.append)
+        assert (unwatch is not None) is store.watches
+        if unwatch is None:
+            return
+        try:
+            await store.list_leases(CLUSTER)  # (the watch runs from the first read)
+            v = await second_store.create_lease(make_lease(0, owner="node-b"))
+            await second_store.update_lease(rewrite(make_lease(0, owner="node-b"), owner=None), v)
+            ve = await second_store.create_epoch(make_epoch("node-b", "e1"))
+            await second_store.update_epoch(make_epoch("node-b", "e1", ended_by="node-b"), ve)
+            await second_store.put_heartbeat(make_heartbeat("node-c"))
+            await second_store.delete_heartbeat(CLUSTER, "node-c")
+            wanted = [Change("lease", "added"), Change("lease", "modified", free=True),
+                      Change("epoch", "added", node="node-b"),
+                      Change("epoch", "modified", node="node-b", ended=True),
+                      Change("heartbeat", "added", node="node-c"),
+                      Change("heartbeat", "deleted", node="node-c")]
+            async with asyncio.timeout(30):
+                while [c for c in wanted if c not in seen]:  # noqa: ASYNC110 - a callback's list
+                    await asyncio.sleep(0.05)
+            unwatch()
+            count = len(seen)
+            await second_store.put_heartbeat(make_heartbeat("node-d"))
+            await store.list_heartbeats(CLUSTER)
+            await asyncio.sleep(0.5)
+            assert len(seen) == count  # told nothing after unwatch()
+        finally:
+            unwatch()
 
     async def test_an_update_never_creates_a_deleted_epoch(self, store: LeaseStore) -> None:
         version = await store.create_epoch(make_epoch("node-a", "e1"))

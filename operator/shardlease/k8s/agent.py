@@ -27,6 +27,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,8 +42,9 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from shardlease.errors import ConfigError, ShardleaseError, StoreError
 from shardlease.errors import LoopDied as LoopDied  # (re-exported: its old home)
-from shardlease.errors import ShardleaseError, StoreError
+from shardlease.hints import HintChannel
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
 from shardlease.k8s.drain import (
@@ -294,6 +296,8 @@ class Agent:
         store = open_store(spec.store)
         host = HttpHost(self.host_url or spec.host.url, open_timeout=options.open_timeout,
                         close_timeout=options.close_timeout)
+        hints: HintChannel | None = None
+        unsubscribe: Callable[[], None] | None = None
         try:
             await store.check()
             if not await self._host_listening(self.host_url or spec.host.url):
@@ -301,6 +305,8 @@ class Agent:
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
                                  telemetry=self.telemetry)
             self.loop = loop
+            if not store.watches:
+                hints, unsubscribe = await self._start_hints(loop, options.cluster_name)
             task = asyncio.create_task(loop.run(), name="shardlease-loop")
             applied: ShardSetSpec | None = spec
             while applied is not None and not task.done():
@@ -333,8 +339,31 @@ class Agent:
                     await asyncio.wait_for(self._post_batch(pending), 5.0)
                 except Exception as e:
                     logger.warning("could not post the last events: %r", e)
+            if unsubscribe is not None:
+                unsubscribe()
+            if hints is not None:
+                await hints.aclose()
             await store.aclose()
             await host.aclose()
+
+    async def _start_hints(self, loop: PlacementLoop, cluster: str) -> tuple[
+            HintChannel | None, Callable[[], None] | None]:
+        """A store with no watch (S3): hint the peers' agents (UDP, on the
+        agent's port number) when this pod frees leases or joins, and wake
+        this loop on theirs. Without it nothing breaks: freed shards reopen
+        at their next owner's next round."""
+        def addresses() -> dict[str, str]:
+            return {name: f"{ip}:{self.port}" for name in self.peers.names()
+                    if (ip := self.peers.address(name))}
+
+        hints = HintChannel(cluster=cluster, name=self.pod_name, listen=("0.0.0.0", self.port),
+                            peers=addresses, on_hint=loop.hint)
+        try:
+            await hints.start()
+        except ConfigError as e:
+            logger.warning("no hints to and from peers: %s", e)
+            return None, None
+        return hints, self.telemetry.subscribe(hints.on_event)
 
     async def _apply_in_place(self, loop: PlacementLoop, host: HttpHost,
                               current: ShardSetSpec) -> ShardSetSpec | None:

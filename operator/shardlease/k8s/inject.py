@@ -102,7 +102,10 @@ def agent_container(image: str, shardset: str, *, token: str, native: bool,
         "imagePullPolicy": config.image_pull_policy,
         "args": ["agent", "--shardset", shardset, "--port", str(AGENT_PORT)],
         "env": env,
-        "ports": [{"name": "shardlease", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        # UDP on the same number: hints between agents (shardlease.hints)
+        # when the store has no watch (S3).
+        "ports": [{"name": "shardlease", "containerPort": AGENT_PORT, "protocol": "TCP"},
+                  {"name": "shardlease-hint", "containerPort": AGENT_PORT, "protocol": "UDP"}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": AGENT_PORT},
                           "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": AGENT_PORT},

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import abc
 import collections
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from shardlease.errors import Conflict, StoreError
 from shardlease.records import Epoch, Heartbeat, Lease, Stored
@@ -47,6 +49,22 @@ class EpochListing(dict[tuple[str, str], str]):
 def ended_hints(listing: Mapping[tuple[str, str], str]) -> frozenset[tuple[str, str]]:
     """The epochs a listing shows ended (none for a plain mapping)."""
     return listing.ended if isinstance(listing, EpochListing) else frozenset()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One record of a cluster as a store's watch saw it change (any
+    writer's, this node's too). A hint only, like `EpochListing.ended`: the
+    loop only wakes a round on it (`loop.wakes`), which reads as any round."""
+
+    kind: Literal["lease", "epoch", "heartbeat"]
+    what: Literal["added", "modified", "deleted"]
+    #: The node the record is of (epochs, heartbeats), if it says.
+    node: str | None = None
+    #: leases: the record is readable and names no owner (freed).
+    free: bool = False
+    #: epochs: the record says it is ended (a graceful stop ended it).
+    ended: bool = False
 
 
 class LeaseStore(abc.ABC):
@@ -79,6 +97,17 @@ class LeaseStore(abc.ABC):
         attempt per call and fail fast, rather than retry with pauses of its
         own inside the caller's budget. The default does nothing (stores that
         do not retry)."""
+
+    #: Whether the store watches its backend (`watch_changes` works).
+    watches = False
+
+    def watch_changes(self, cluster: str,
+                      callback: Callable[[Change], None]) -> Callable[[], None] | None:
+        """Call `callback` for every change the store's watch sees of the
+        cluster's records, from the store's own task, until the returned
+        function is called. None: this store has no watch (its readers
+        learn changes by listing)."""
+        return None
 
     async def check(self) -> None:  # noqa: B027 - optional hook
         """Verify at start that the store is reachable and enforces conditional

@@ -99,6 +99,7 @@ by hand must reach our own validation (reported, not raised) intact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -109,9 +110,9 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
@@ -127,7 +128,7 @@ from shardlease.records import (
     encode,
     stored_epoch,
 )
-from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.base import Change, EpochListing, LeaseStore
 
 logger = logging.getLogger("shardlease.store.kubernetes")
 
@@ -491,21 +492,23 @@ class _View:
                         f"{ECHO_LIMIT:g}s")
         return None
 
-    def apply(self, kind: str, obj: dict[str, Any], namespace: str) -> None:
-        """One watch event (ADDED, MODIFIED or DELETED)."""
+    def apply(self, kind: str, obj: dict[str, Any], namespace: str) -> _Entry | None:
+        """One watch event (ADDED, MODIFIED or DELETED): the entry it shows
+        (for a deletion, the object as it was), None if it was skipped."""
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
         version = str(meta.get("resourceVersion", ""))
         if (mine := self.pending.get(name)) is not None:
             if (mine[0] is None) != (kind == "DELETED") or (mine[0] is not None
                                                            and mine[0] != version):
-                return  # from before our write (events of one object come in order)
+                return None  # from before our write (events of one object come in order)
             del self.pending[name]
         if kind == "DELETED":
-            self.entries.pop(name, None)
-        else:
-            name, entry = _decode(obj, self.cluster, namespace, self.entries)
-            self.entries[name] = entry
+            gone = self.entries.pop(name, None)
+            return gone if gone is not None else _decode(obj, self.cluster, namespace)[1]
+        name, entry = _decode(obj, self.cluster, namespace, self.entries)
+        self.entries[name] = entry
+        return entry
 
     def wrote(self, name: str, obj: dict[str, Any] | None, namespace: str, now: float) -> None:
         """A write of ours to `name` was answered: `obj` is the object it
@@ -590,6 +593,9 @@ class KubernetesStore(LeaseStore):
         self.stale_after = self.watch_timeout + STALE_MARGIN
         #: cluster -> its watch-fed cache.
         self._views: dict[str, _View] = {}
+        #: cluster -> who is told of each change its watch sees (`watch_changes`).
+        self._watchers: dict[str, list[Callable[[Change], None]]] = {}
+        self.watches = watch
         #: cluster -> its (re)LIST in progress, so concurrent reads share one.
         self._syncing: dict[str, asyncio.Future[_View]] = {}
         #: (cluster, kind selector) -> entries of the last LIST (watch off):
@@ -876,14 +882,47 @@ class KubernetesStore(LeaseStore):
         if kind == "BOOKMARK":
             view.bookmarks += 1
         elif kind in ("ADDED", "MODIFIED", "DELETED"):
-            view.apply(kind, obj, self.namespace)
+            entry = view.apply(kind, obj, self.namespace)
             view.events += 1
+            if entry is not None and self._watchers.get(view.cluster):
+                self._notify(view.cluster, kind, entry)
         else:
             raise StoreError(f"kubernetes store: unknown watch event type {kind!r}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             view.version = str(version)
         view.sign = time.monotonic()
+
+    def watch_changes(self, cluster: str,
+                      callback: Callable[[Change], None]) -> Callable[[], None] | None:
+        if not self.watch:
+            return None
+        self._watchers.setdefault(cluster, []).append(callback)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._watchers.get(cluster, []).remove(callback)
+
+        return unsubscribe
+
+    def _notify(self, cluster: str, kind: str, entry: _Entry) -> None:
+        what: Literal["added", "modified", "deleted"] = \
+            "added" if kind == "ADDED" else "deleted" if kind == "DELETED" else "modified"
+        if entry.kind == "shard":
+            rec = entry.stored.record if entry.stored is not None else None
+            change = Change("lease", what, free=rec is not None and rec.owner is None)
+        elif entry.kind == "heartbeat" and entry.node is not None:
+            change = Change("heartbeat", what, node=entry.node)
+        elif entry.kind == "epoch" and entry.node is not None:
+            change = Change("epoch", what, node=entry.node, ended=entry.ended)
+        else:
+            return
+        for callback in list(self._watchers.get(cluster, [])):
+            try:
+                callback(change)
+            except Exception:  # a watcher's bug must not end the watch
+                logger.exception("kubernetes store: a change watcher of cluster %s failed",
+                                 cluster)
 
     # -- leases -----------------------------------------------------------------
 
