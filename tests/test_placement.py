@@ -358,3 +358,20 @@ def test_preference_is_the_rendezvous_score_every_version_uses(
 def test_nodes_prefer_different_shards() -> None:
     shards = list(range(16))
     assert by_preference(shards, "node-a") != by_preference(shards, "node-b")
+
+
+def test_shards_kept_for_this_node_are_claimed_first_all_of_them_whatever_the_share() -> None:
+    kept = [Candidate(shard=s, free_for=0.0, cooling_until=NOW + 100, reserved=True)
+            for s in (5, 1, 3)]
+    others = tuple(free(s) for s in (0, 2, 4, 7))
+    # Share 4 (8 shards, 2 live), one held: 3 to claim, all of them kept here
+    # (their cooldown does not count either).
+    p = plan(view(held=(held(6),), candidates=(*kept, *others)))
+    assert p.claim == (1, 3, 5)
+    # Above the share: claimed all the same (the rest would wait out their hold).
+    p = plan(view(held=tuple(held(s) for s in (0, 2, 6)),
+                  candidates=(*kept, free(4), free(7))))
+    assert p.claim == (1, 3, 5) and p.adopt == () and 1 not in p.spare
+    # And with room left, the preferred others follow.
+    p = plan(view(live=1, candidates=(kept[0], *others)))
+    assert p.claim == (5, *by_preference(s.shard for s in others)[:7])

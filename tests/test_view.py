@@ -90,3 +90,42 @@ def test_a_record_a_newer_format_holds_is_not_damaged() -> None:
     newer = Stored("v1", None, "format 2", newer_format=2)
     view.observe({2: newer, 3: DAMAGED}, 4, 0.0, ())
     assert view.damaged == {3}
+
+
+def free_lease(reserved_for: str | None, hold: float, version: str = "v1") -> Stored[Lease]:
+    return Stored(version, Lease(cluster="c", shard=2, owner=None, generation=3, write_id="w",
+                                 ttl=TTL, reserved_for=reserved_for, hold=hold))
+
+
+@pytest.mark.parametrize(("reserved_for", "hold", "now", "claimable", "here"), [
+    (None, 0.0, 0.0, True, False),
+    ("me", 30.0, 0.0, True, True),
+    ("b", 30.0, 0.0, False, False),
+    ("b", 30.0, 29.9, False, False),
+    ("b", 30.0, 30.0, True, False),
+    ("b", 0.0, 0.0, True, False),
+], ids=[
+    "a free lease: anyone's",
+    "kept for this node: claimable at once, and claimed first",
+    "kept for another: held",
+    "...until this node has seen it unchanged for the hold",
+    "...and then anyone's",
+    "a reservation of no time holds nothing",
+])
+def test_a_free_lease_kept_for_a_node(reserved_for: str | None, hold: float, now: float,
+                                       claimable: bool, here: bool) -> None:
+    view = make_view()
+    stored = free_lease(reserved_for, hold)
+    view.observe({2: stored}, 4, 0.0, ())
+    assert view.claimable(2, stored, now) is claimable
+    assert view.reserved_here(stored) is here
+
+
+def test_a_reservation_counts_from_when_this_node_saw_its_version() -> None:
+    view = make_view()
+    view.observe({2: free_lease("b", 30.0, "v1")}, 4, 0.0, ())
+    # Written again (a new version): the hold starts over in this node's eyes.
+    again = free_lease("b", 30.0, "v2")
+    view.observe({2: again}, 4, 20.0, ())
+    assert not view.claimable(2, again, 45.0)
+    assert view.claimable(2, again, 50.0)

@@ -52,6 +52,10 @@ class EpochWatch:
         #: succeed, or read ended) after a TTL of silence judged against the
         #: TTL its leases carry: their leases may be claimed at once.
         self.ended: set[EpochKey] = set()
+        #: Epochs read ended by their owner with a hold: (hold, since when
+        #: this node knows it, monotonic). Their leases are kept for the
+        #: owner's name that long (`over`).
+        self.reserved: dict[EpochKey, tuple[float, float]] = {}
         #: Epochs this node ended as garbage (no lease named them then). Such
         #: an end is no licence to take a lease that names the epoch later: it
         #: waited for nothing a lease says (a claim of its owner's may have
@@ -121,6 +125,7 @@ class EpochWatch:
                 self.vanished_at = now
             self.seen.forget(key)
             self.ended.discard(key)
+            self.reserved.pop(key, None)
             self.collected.discard(key)
             self._record_ttl.pop(key, None)
 
@@ -228,7 +233,7 @@ class EpochWatch:
             if not read:
                 continue
             if stored is not None and stored.record is not None and stored.record.ended_by:
-                self.ended.add(key)
+                self._read_ended(key, stored.record)
 
     async def end(self, key: EpochKey) -> bool:
         """Take over a silent epoch (see `_end`)."""
@@ -266,7 +271,7 @@ class EpochWatch:
             read, stored = await self._read(key)
             if read and stored is not None and stored.record is not None \
                     and stored.record.ended_by is not None and not garbage:
-                self.ended.add(key)
+                self._read_ended(key, stored.record)
                 logger.info("epoch %s/%s was ended by %s first", node, epoch,
                             stored.record.ended_by)
                 return True
@@ -286,6 +291,18 @@ class EpochWatch:
                                        epoch=epoch))
         return True
 
+    def reserved_for_owner(self, rec: Lease) -> bool:
+        """Whether the lease's epoch was ended by its owner with a hold (its
+        leases kept for the node of that name)."""
+        return (rec.owner or "", rec.incarnation or "") in self.reserved
+
+    def _read_ended(self, key: EpochKey, record: Epoch) -> None:
+        """A record read ended: over; and if its owner ended it with a hold,
+        its leases are kept for that node from now (this node's clock)."""
+        self.ended.add(key)
+        if record.hold > 0 and record.ended_by == record.node and key not in self.reserved:
+            self.reserved[key] = (record.hold, self.clock.monotonic())
+
     def silent_for(self, key: EpochKey, now: float) -> float:
         """Seconds this node has seen the epoch unchanged (or missing); 0 if
         it is not tracked or no listing is fresh."""
@@ -299,6 +316,11 @@ class EpochWatch:
         seen unchanged (or missing) for a TTL, so that `end` may end it."""
         key = (rec.owner or "", rec.incarnation or "")
         if key in self.ended:
+            if (held := self.reserved.get(key)) is not None and rec.owner != self.name:
+                # Ended by its owner with a hold: kept for the node of that
+                # name until this node has seen it ended for the hold.
+                hold, since = held
+                return now - since >= hold
             return True
         if rec.owner == self.name and rec.incarnation == self.own():
             return True  # our current epoch's, dropped after a failed open

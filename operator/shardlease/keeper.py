@@ -119,6 +119,9 @@ class Keeper:
         self.held: dict[int, Held] = {}
         #: Leases of ours not held may remain (unknown until a read).
         self.strays = True
+        #: A graceful stop under `handoff: hold`: every lease it frees is kept
+        #: for this node's name for this many seconds (0: freed for anyone).
+        self.hold = 0.0
         #: Since when every lease write has failed (None: the last one worked),
         #: and since when this node has withdrawn because of it (`withdrawn`).
         self._writes_failing: float | None = None
@@ -356,7 +359,8 @@ class Keeper:
             if held.freeing is None:
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
-                    "renewed_at": self.clock.wall(), "since": self.clock.wall()})
+                    "renewed_at": self.clock.wall(), "since": self.clock.wall(),
+                    **self._reservation()})
             try:
                 if not await self._write_step(shard, held, held.freeing, "free", self.ttl):
                     return
@@ -371,6 +375,14 @@ class Keeper:
             self.held.pop(shard, None)
             self.released(shard)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+
+    def _reservation(self) -> dict[str, object]:
+        """What a free writes of a reservation: kept for this node's name
+        while a stop under `handoff: hold` frees it; nothing otherwise (and a
+        free after a release clears an earlier one)."""
+        if self.stopping() and self.hold > 0:
+            return {"reserved_for": self.name, "hold": self.hold}
+        return {"reserved_for": None, "hold": 0.0}
 
     def _left_to_end(self, lease: Lease) -> bool:
         """Stopping in node mode: a lease of the current epoch is freed by the
@@ -425,7 +437,7 @@ class Keeper:
             lease = rec.model_copy(update={"owner": None, "incarnation": None,
                                            "write_id": new_write_id(),
                                            "renewed_at": self.clock.wall(),
-                                           "since": self.clock.wall()})
+                                           "since": self.clock.wall(), **self._reservation()})
             try:
                 await self.calls.bounded(f"free of stray shard {shard}",
                                          functools.partial(self.write, lease, stored.version))

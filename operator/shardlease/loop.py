@@ -87,7 +87,7 @@ from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
-from shardlease.records import Lease, Stored, new_write_id
+from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
 from shardlease.stores.base import Change, LeaseStore
 from shardlease.telemetry import (
@@ -519,12 +519,20 @@ class PlacementLoop:
             if waiter is not None:
                 waiter.cancel()
 
-    async def stop(self) -> None:
+    async def stop(self, hold: float = 0.0) -> None:
         """Graceful stop: close every shard and free its lease, so that peers
         take over within about one interval instead of waiting out the TTL.
         Shard mode frees each lease and deletes the heartbeat (peers stop
         counting this node at once); node mode ends its epoch once every
-        shard is closed, which frees every lease of it in one write."""
+        shard is closed, which frees every lease of it in one write.
+
+        `hold` > 0 (`handoff: hold`, a pod being replaced): the leases are
+        freed *reserved for this node's name* for that many seconds: peers
+        leave them alone until they have seen the reservation unchanged that
+        long, and the node of this name, back, claims them at once (in its
+        first round). Placement only: every claim stays a compare-and-swap."""
+        if hold > 0 and not self.stopping:
+            self.keeper.hold = self.own.hold = min(hold, MAX_HOLD)
         if self._begin_stop():
             # Node mode frees strays every round, so this may be False; what
             # a stop leaves (a fenced shard whose free fails) is looked for again.
@@ -683,16 +691,18 @@ class PlacementLoop:
             await self.keeper.probe()
         if leases is not None and not self.stopping:
             await self._attribute(leases)
-        plan = self._plan(leases if not first and self.runner.running else None, len(live),
-                          stopping=self.stopping or withdrawn)
+        # A first round that only reads still claims what is kept for this
+        # node by name (its pod back from a restart under `handoff: hold`).
+        plan = self._plan(leases if self.runner.running else None, len(live),
+                          stopping=self.stopping or withdrawn, reserved_only=first)
         share = plan.share
         for shard in plan.release:
             self.keeper.release(shard)
         if leases is not None and self.stopping:
             await self.keeper.free_strays(leases)
-        elif leases is not None and not first and self.runner.running:
+        elif leases is not None and self.runner.running and (not first or plan.claim):
             await self._claim(leases, plan.claim, plan.adopt, plan.spare)
-            if self.mode == "node":
+            if self.mode == "node" and not first:
                 # A lease of ours that we do not hold (a claim whose answer was
                 # lost and could not be recognised): under our live epoch
                 # nobody else may take it, so it is freed here.
@@ -727,7 +737,7 @@ class PlacementLoop:
                 for s, h in self.held.items()]
 
     def _plan(self, leases: dict[int, Stored[Lease]] | None, live: int, *,
-              stopping: bool) -> placement.Plan:
+              stopping: bool, reserved_only: bool = False) -> placement.Plan:
         """This round's releases, claims and adoptions (placement.py decides;
         here is what this node judges of the records: which shards may be
         claimed at all, and for how long each has been free)."""
@@ -743,12 +753,15 @@ class PlacementLoop:
                 *self.view.free, *self.view.idle, *self.view.silent_shards(now)]
             for s in pool:
                 stored = leases.get(s)
-                if s not in self.held and self.runner.state(s) is None \
+                reserved = self.view.reserved_here(stored)
+                if (reserved or not reserved_only) and s not in self.held \
+                        and self.runner.state(s) is None \
                         and self.view.claimable(s, stored, now):
                     cool = self._cooldown.get(s)
                     candidates.append(placement.Candidate(
                         shard=s, free_for=self.view.free_for(s, stored, now),
-                        cooling_until=cool.until if cool is not None else None))
+                        cooling_until=cool.until if cool is not None else None,
+                        reserved=reserved))
         return placement.plan(placement.View(
             node=self.name, shards=self.options.shards, live=live, stopping=stopping, now=now,
             ttl=self.ttl, held=tuple(held), candidates=tuple(candidates)))

@@ -58,6 +58,9 @@ class OwnEpoch:
         #: Deadline of every node-mode shard of the current epoch (monotonic).
         self.deadline: float | None = None
         self.retired = False
+        #: A graceful stop under `handoff: hold`: the end keeps the epoch's
+        #: leases for this node's name this many seconds (`Epoch.hold`).
+        self.hold = 0.0
         #: A create of the current epoch's record was sent and never answered
         #: (it may have landed): the epoch is never created again (below).
         self._created_unheard = False
@@ -213,7 +216,7 @@ class OwnEpoch:
             self._seq += 1
             record = Epoch(cluster=self.cluster, node=self.name, epoch=self.epoch,
                            seq=self._seq, write_id=new_write_id(), at=self.clock.wall(),
-                           ttl=self.ttl, ended_by=self.name, keeps="")
+                           ttl=self.ttl, ended_by=self.name, keeps="", hold=self.hold)
             for _ in range(2):
                 version = self.version
                 try:

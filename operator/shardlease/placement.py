@@ -14,10 +14,12 @@ A round's plan (`plan`):
    held shards above the share, cheapest first: not yet opened (nothing to
    close), then the ones this node likes least (so it keeps the ones it would
    claim), adopted ones last (a peer's host may have refused them);
-3. claim up to the share among the candidates, the ones this node prefers
-   first (rendezvous hashing: each node prefers different shards, so
-   concurrent claimers rarely race for the same lease and placements stay
-   put), skipping those cooling down after a failed open here;
+3. claim the shards kept for this node by name (a pod back from a restart
+   under `handoff: hold`), all of them; then up to the share among the
+   other candidates, the ones this node prefers first (rendezvous hashing:
+   each node prefers different shards, so concurrent claimers rarely race
+   for the same lease and placements stay put), skipping those cooling down
+   after a failed open here;
 4. adopt, even above the share, a candidate nobody claimed for a whole TTL:
    the hosts of the nodes below their share may refuse it.
 
@@ -118,6 +120,9 @@ class Candidate:
     free_for: float
     #: End of this node's cooldown after a failed open (monotonic); None: none.
     cooling_until: float | None
+    #: Kept for this node by name (its pod replaced under `handoff: hold`):
+    #: claimed first, whatever the share and any cooldown.
+    reserved: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,14 +183,18 @@ def plan(view: View) -> Plan:
     release = beyond + excess
     if view.stopping:
         return Plan(share=share, release=release, claim=(), adopt=())
-    want = max(0, share - len(keep))  # (0 when there was an excess to release)
+    # Shards kept for this node (its reservations) come back to it first,
+    # all of them: left alone they would wait out their hold elsewhere. Any
+    # excess goes by the next rounds' releases, like any above the share.
+    reserved = tuple(sorted(c.shard for c in view.candidates if c.reserved))
+    want = max(0, share - len(keep) - len(reserved))  # (0 when there was an excess)
     alone = view.live <= 1
     waived = COOLDOWN_WAIVED * view.ttl
-    eligible = [c for c in view.candidates
-                if c.cooling_until is None or view.now >= c.cooling_until
-                or alone or c.free_for > waived]
+    eligible = [c for c in view.candidates if not c.reserved and (
+                c.cooling_until is None or view.now >= c.cooling_until
+                or alone or c.free_for > waived)]
     eligible.sort(key=lambda c: preference(view.node, c.shard), reverse=True)
-    claim = tuple(c.shard for c in eligible[:want])
+    claim = reserved + tuple(c.shard for c in eligible[:want])
     orphans = [c.shard for c in eligible[want:] if c.free_for > view.ttl]
     adopt = tuple(orphans[:ADOPT_PER_ROUND])
     spare = tuple(c.shard for c in eligible[want:] if c.shard not in adopt)[:SPARES] \

@@ -43,6 +43,8 @@ MAX_RECORD_BYTES = 4096
 #: forever; a record above this is corrupt (reported, held for the reader's own
 #: TTL). `Options.lease_ttl` has the same bound, so no node writes one.
 MAX_LEASE_TTL = 3600.0
+#: Longest reservation (`Lease.hold`, `Epoch.hold`), seconds.
+MAX_HOLD = 3600.0
 #: Largest generation recovered from a corrupt record: the range of a signed
 #: 64-bit integer, where applications keep the fencing token.
 _MAX_GENERATION = 2**63 - 1
@@ -127,8 +129,20 @@ class Lease(BaseModel):
     #: is written only on a claim or a free (judged by the epoch's record).
     #: Records older than the field are "shard".
     renewal: Renewal = "shard"
+    #: A free lease kept for the node of this name (a pod being replaced
+    #: under `handoff: hold`, StatefulSet pod names being stable): peers leave
+    #: it alone until they have seen this version unchanged for `hold`
+    #: seconds; the node of that name claims it at once. Placement only:
+    #: claims stay compare-and-swaps, and a version that ignores the field
+    #: sees a free lease (a move, never two owners).
+    reserved_for: NodeName | None = Field(default=None, min_length=1, max_length=253)
+    hold: float = Field(default=0.0, ge=0, le=MAX_HOLD)
     #: The record format (see `FORMAT`); records older than the field are 1.
     format: int = Field(default=FORMAT, ge=1, strict=True)
+
+    def reserved(self) -> str | None:
+        """The node this free lease is kept for, if any."""
+        return self.reserved_for if self.owner is None and self.hold > 0 else None
 
 
 class Epoch(BaseModel):
@@ -160,6 +174,11 @@ class Epoch(BaseModel):
     #: by others"). None: not said (every shard may be kept).
     keeps: str | None = Field(default=None, max_length=_KEEPS_CHARS,
                               pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    #: Set by the owner's graceful stop under `handoff: hold` (ended by
+    #: itself): the leases of the epoch are kept for the node of this name,
+    #: like `Lease.reserved_for`, for `hold` seconds from when a peer first
+    #: reads the record ended.
+    hold: float = Field(default=0.0, ge=0, le=MAX_HOLD)
     #: The record format (see `FORMAT`); records older than the field are 1.
     format: int = Field(default=FORMAT, ge=1, strict=True)
 

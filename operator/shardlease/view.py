@@ -169,7 +169,13 @@ class LeaseView:
             return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
         if rec is not None and rec.owner is None:
-            return True
+            kept_for = rec.reserved()
+            if kept_for is None or kept_for == self.name:
+                return True
+            # Kept for a pod being replaced: once this node has seen this
+            # version unchanged for the hold (its own monotonic clock).
+            seen = self.seen.get(shard)
+            return seen is not None and now - seen.since >= rec.hold
         if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
             return True  # ours, dropped after a fence: nobody else can hold it
         if rec is not None and rec.renewal == "node":
@@ -191,6 +197,18 @@ class LeaseView:
                 return False
             return self.unkept.get(shard) == stored.version
         return True
+
+    def reserved_here(self, stored: Stored[Lease] | None) -> bool:
+        """Whether the record is kept for this node by name (a free lease
+        reserved for it, or a lease of an epoch of ours ended with a hold):
+        a node back from a restart claims those first, in its first round."""
+        rec = stored.record if stored is not None else None
+        if rec is None:
+            return False
+        if rec.owner is None:
+            return rec.reserved() == self.name
+        return rec.owner == self.name and rec.renewal == "node" \
+            and self.epochs.reserved_for_owner(rec)
 
     def attribute(self, shards: Iterable[int], leases: dict[int, Stored[Lease]],
                   keepers: list[Epoch] | None, now: float, *, since: float) -> None:

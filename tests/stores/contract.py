@@ -307,6 +307,20 @@ class StoreContract:
         finally:
             unwatch()
 
+    async def test_a_reserved_lease_and_a_held_epoch_end_read_back_as_written(
+            self, store: LeaseStore) -> None:
+        # `handoff: hold`: a free lease kept for a node's name, and an epoch
+        # its owner ended with a hold, as every store keeps them.
+        lease = rewrite(make_lease(3, owner=None), reserved_for="node-a", hold=30.0)
+        await store.create_lease(lease)
+        assert valid(await store.get_lease(CLUSTER, 3)) == lease
+        assert valid((await store.list_leases(CLUSTER))[3]) == lease
+        version = await store.create_epoch(make_epoch("node-a", "e1"))
+        ended = make_epoch("node-a", "e1", ended_by="node-a").model_copy(update={"hold": 30.0})
+        await store.update_epoch(ended, version)
+        read = await store.get_epoch(CLUSTER, "node-a", "e1")
+        assert read is not None and read.record == ended
+
     async def test_an_update_never_creates_a_deleted_epoch(self, store: LeaseStore) -> None:
         version = await store.create_epoch(make_epoch("node-a", "e1"))
         await store.delete_epoch(CLUSTER, "node-a", "e1")

@@ -90,10 +90,13 @@ class Join:
 
 @dataclass(frozen=True)
 class Leave:
-    """The node stops gracefully (`PlacementLoop.stop()`) at `at`."""
+    """The node stops gracefully (`PlacementLoop.stop()`) at `at`; with
+    `hold` > 0 its leases are kept for its name that long (`handoff: hold`:
+    a pod being replaced)."""
 
     at: float
     node: str
+    hold: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -232,8 +232,8 @@ async def _scenario(
                     ttls.append(started_opts.lease_ttl)
                     intervals.append(started_opts.interval_s)
                     margins.append(started_opts.margin_s)
-            case Leave(node=name):
-                if (n := world.node(name)) is not None and (task := world.leave(n)):
+            case Leave(node=name, hold=hold):
+                if (n := world.node(name)) is not None and (task := world.leave(n, hold)):
                     leaving.append(task)
             case Crash(node=name):
                 if (n := world.node(name)) is not None:

@@ -637,16 +637,16 @@ class World:
             await asyncio.sleep(0)
         raise SimulationStuck(f"could not kill the tasks of {node.label}")
 
-    def leave(self, node: SimNode) -> asyncio.Task[None] | None:
+    def leave(self, node: SimNode, hold: float = 0.0) -> asyncio.Task[None] | None:
         if node.status != "running":
             return None
         node.status = "leaving"
         node.leave_at = self.now()
-        self.record(node.label, "leave")
+        self.record(node.label, "leave", value=hold)
         self.host_changed()
 
         async def stop() -> None:
-            await node.loop.stop()
+            await node.loop.stop(hold)
             assert node.task is not None
             await asyncio.gather(node.task, return_exceptions=True)
             if node.status != "leaving":

@@ -148,6 +148,9 @@ ANN_NODE = f"{GROUP}/node"
 #: "node" on a lease kept by its owner's epoch (absent: "shard").
 ANN_RENEWAL = f"{GROUP}/renewal"
 ANN_EPOCH = f"{GROUP}/epoch"
+#: A free lease kept for a node (`Lease.reserved_for`), and for how long.
+ANN_RESERVED_FOR = f"{GROUP}/reserved-for"
+ANN_HOLD = f"{GROUP}/hold"
 #: A lease record's `format`, written only when it is not 1 (so a Lease object
 #: of format 1 is what versions before the field wrote); absent: 1.
 ANN_FORMAT = f"{GROUP}/format"
@@ -266,6 +269,10 @@ def lease_to_object(lease: Lease, namespace: str, version: str | None,
         annotations[ANN_INCARNATION] = lease.incarnation
     if lease.renewal != "shard":
         annotations[ANN_RENEWAL] = lease.renewal
+    if lease.reserved_for is not None:
+        annotations[ANN_RESERVED_FOR] = lease.reserved_for
+    if lease.hold:
+        annotations[ANN_HOLD] = repr(lease.hold)
     if lease.format != 1:
         annotations[ANN_FORMAT] = str(lease.format)
     meta: dict[str, Any] = {
@@ -350,6 +357,8 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
             "since": _informational_float(ann.get(ANN_SINCE)),
             "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
             "renewal": ann.get(ANN_RENEWAL) or "shard",
+            "reserved_for": ann.get(ANN_RESERVED_FOR) or None,
+            "hold": float(ann.get(ANN_HOLD) or 0),
             "format": format,
         })
         return Stored(version, lease)
