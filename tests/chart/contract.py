@@ -39,6 +39,8 @@ AGENT_RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("shardlease.io", "shardsets/status", ("get", "patch", "update"), ()),
     # Peer discovery.
     ("", "pods", ("get", "list", "watch"), ()),
+    # handoff: hold reads the StatefulSet's replicas as a pod stops.
+    ("apps", "statefulsets", ("get",), ()),
     ("", "events", ("create", "patch"), ()),
     ("events.k8s.io", "events", ("create", "patch"), ()),
 ]

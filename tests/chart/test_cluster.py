@@ -243,7 +243,7 @@ AGENT_DENIED = [
     Check("update", "shardsets.shardlease.io", APP),
     Check("patch", "shardsets.shardlease.io", APP),
     Check("delete", "shardsets.shardlease.io", APP),
-    Check("get", "statefulsets.apps", APP),
+    Check("list", "statefulsets.apps", APP),
     Check("patch", "statefulsets.apps", APP),
     Check("create", "rolebindings.rbac.authorization.k8s.io", APP),
     Check("create", "serviceaccounts", APP, "token"),

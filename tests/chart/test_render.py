@@ -459,7 +459,10 @@ def test_monitors_are_off_by_default_and_scrape_the_operator_and_every_agent(hel
     assert pm["spec"]["selector"]["matchLabels"] == {AGENT_LABEL: pod["metadata"]["labels"][
         AGENT_LABEL]}
     ports = agent_container("img", "db", token="t", native=True)["ports"]
-    assert [p["name"] for p in ports] == ["shardlease"]
+    # The PodMonitor's port (TCP: /metrics), and the hints' (UDP, same number).
+    assert [(p["name"], p["protocol"]) for p in ports] == [
+        ("shardlease", "TCP"), ("shardlease-hint", "UDP")]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "shardlease"
 
 
 def test_replicas_elect_a_leader_and_keep_one_through_disruptions(helm):

@@ -22,7 +22,8 @@ def test_the_shards_annotation_alone_gives_the_seed_defaults_and_the_namespace_s
     assert spec.to_body() == {
         "statefulSet": "db", "selector": {"app": "db"}, "shards": 64,
         "store": "kubernetes://shop", "leaseTTL": 15.0, "maxConcurrency": 16,
-        "renewal": "node", "host": {"url": "http://127.0.0.1:8080"},
+        "renewal": "node", "handoff": "move", "holdSeconds": 30.0,
+        "host": {"url": "http://127.0.0.1:8080"},
     }
     opts = spec.options(name="db-0", cluster="db")
     assert (opts.interval_s, opts.margin_s) == (5.0, 2.5)
@@ -34,12 +35,14 @@ def test_every_option_annotation_reaches_the_spec() -> None:
         "shardlease.io/lease-ttl": "6", "shardlease.io/interval": "1.5",
         "shardlease.io/margin": "1", "shardlease.io/max-concurrency": "4",
         "shardlease.io/host-url": "http://127.0.0.1:9000", "shardlease.io/inject": "false",
-        "shardlease.io/renewal": "node",
+        "shardlease.io/renewal": "node", "shardlease.io/handoff": "hold",
+        "shardlease.io/hold-seconds": "45",
     }))
     assert spec is not None
     assert (spec.shards, spec.store, spec.lease_ttl, spec.interval, spec.margin,
-            spec.max_concurrency, spec.host.url, spec.renewal) == (
-        8, "s3://bucket/p", 6.0, 1.5, 1.0, 4, "http://127.0.0.1:9000", "node")
+            spec.max_concurrency, spec.host.url, spec.renewal, spec.handoff,
+            spec.hold_seconds) == (
+        8, "s3://bucket/p", 6.0, 1.5, 1.0, 4, "http://127.0.0.1:9000", "node", "hold", 45.0)
     assert spec.options(name="db-0", cluster="db").renewal == "node"
 
 
@@ -62,6 +65,14 @@ def test_every_option_annotation_reaches_the_spec() -> None:
      "shardlease.io/renewal: Input should be 'shard' or 'node'"),
     ({"shardlease.io/shards": "4", "shardlease.io/host-url": "localhost:80"},
      "shardlease.io/host-url"),
+    ({"shardlease.io/shards": "4", "shardlease.io/handoff": "keep"},
+     "shardlease.io/handoff: Input should be 'move' or 'hold'"),
+    ({"shardlease.io/shards": "4", "shardlease.io/hold-seconds": "a while"},
+     "shardlease.io/hold-seconds must be a number of seconds"),
+    ({"shardlease.io/shards": "4", "shardlease.io/hold-seconds": "0"},
+     "shardlease.io/hold-seconds: Input should be greater than 0"),
+    ({"shardlease.io/shards": "4", "shardlease.io/hold-seconds": "7200"},
+     "shardlease.io/hold-seconds: Input should be less than or equal to 3600"),
 ])
 def test_a_malformed_annotation_is_refused_with_a_message_naming_it(
         annotations: dict[str, str], expected: str) -> None:

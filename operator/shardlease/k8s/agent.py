@@ -322,8 +322,12 @@ class Agent:
                     "draining" if self._resume is not None else \
                     "the ShardSet was deleted" if self.spec is None else \
                     "the ShardSet's store or renewal changed (a restart of the loop)"
-                logger.info("%s: closing every shard and freeing its lease", why)
-                await loop.stop()
+                hold = await self._hold_seconds(applied or spec) \
+                    if why in ("stopping", "draining") else 0.0
+                logger.info("%s: closing every shard and freeing its lease%s", why,
+                            f", kept for this pod's name for {hold:g}s (handoff: hold)"
+                            if hold else "")
+                await loop.stop(hold)
             try:
                 await task
             except asyncio.CancelledError:
@@ -617,6 +621,36 @@ class Agent:
         except ValueError as e:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(self._owner_json(shard))
+
+    async def _hold_seconds(self, spec: ShardSetSpec) -> float:
+        """How long this pod's shards are kept for its name as it stops
+        (`handoff: hold`): the ShardSet's holdSeconds, unless the pod is going
+        for good, a scale-down (its ordinal at or above the StatefulSet's
+        replicas, read now: the controller lowers them before it deletes the
+        pod). 0 if the StatefulSet cannot be read: a move costs less than
+        shards left closed for nobody."""
+        if spec.handoff != "hold":
+            return 0.0
+        _, _, tail = self.pod_name.rpartition("-")
+        if not tail.isdigit():
+            return spec.hold_seconds  # (not a StatefulSet's pod name: nothing scales it away)
+        path = f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/{spec.stateful_set}"
+        try:
+            code, body = await asyncio.wait_for(call(self._api, "GET", path), 5.0)
+        except Exception as e:
+            logger.warning("handoff hold: cannot read StatefulSet %s (%s): freeing the shards "
+                           "for the other pods", spec.stateful_set, e)
+            return 0.0
+        replicas = ((body.get("spec") or {}).get("replicas")) if code == 200 else None
+        if not isinstance(replicas, int):
+            logger.warning("handoff hold: cannot read StatefulSet %s (%s %s): freeing the shards "
+                           "for the other pods", spec.stateful_set, code, body.get("message", ""))
+            return 0.0
+        if int(tail) >= replicas:
+            logger.info("handoff hold: %s is scaled away (replicas %d): freeing its shards for "
+                        "the other pods", self.pod_name, replicas)
+            return 0.0
+        return spec.hold_seconds
 
     async def _owners(self, _: web.Request) -> web.Response:
         spec = self.spec

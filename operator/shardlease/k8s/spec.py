@@ -11,6 +11,11 @@ Opt-in annotations on a StatefulSet (values are strings, as annotations are):
     shardlease.io/max-concurrency   "16"
     shardlease.io/renewal           "shard" | "node"  how held leases are kept
                                     (docs/renewal.md)
+    shardlease.io/handoff           "move" | "hold"  what a pod being replaced does
+                                    with its shards: free them for anyone (move,
+                                    the default), or keep them for its own name
+                                    (hold) until it is back or hold-seconds pass
+    shardlease.io/hold-seconds      "30"   how long a hold keeps them
     shardlease.io/host-url          "http://127.0.0.1:8080"  the app's shard endpoints
     shardlease.io/inject            "true" | "false"  inject the agent sidecar
                                     (false: the application embeds the library)
@@ -35,19 +40,20 @@ How the injected agent looks, on top of the chart's `agent` values:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import AgentConfig
 from shardlease.options import Options
-from shardlease.records import MAX_LEASE_TTL, Renewal
+from shardlease.records import MAX_HOLD, MAX_LEASE_TTL, Renewal
 
 PREFIX = "shardlease.io/"
 SHARDS = PREFIX + "shards"
 KNOWN = {
     "shards", "store", "lease-ttl", "interval", "margin", "max-concurrency", "renewal", "host-url",
+    "handoff", "hold-seconds",
     "inject", "agent-cpu-request", "agent-cpu-limit", "agent-memory-request",
     "agent-memory-limit", "agent-image-pull-policy", "agent-env-from-secret",
     "agent-env-from-configmap", "native-sidecar", "drain-containers",
@@ -86,6 +92,11 @@ class ShardSetSpec(BaseModel):
     margin: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=16, ge=1, alias="maxConcurrency")
     renewal: Renewal = "node"
+    #: What a pod being replaced (not scaled away) does with its shards:
+    #: "move" frees them for anyone; "hold" keeps them for its own name
+    #: until it is back or `holdSeconds` pass (its data stays on the pod).
+    handoff: Literal["move", "hold"] = "move"
+    hold_seconds: float = Field(default=30.0, gt=0, le=MAX_HOLD, alias="holdSeconds")
     host: HostSpec = Field(default_factory=HostSpec)
 
     @field_validator("store")
@@ -150,12 +161,14 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
         "margin": number("margin", float),
         "maxConcurrency": number("max-concurrency", int),
         "renewal": ours.get("renewal"),
+        "handoff": ours.get("handoff"),
+        "holdSeconds": number("hold-seconds", float),
         "host": {"url": ours["host-url"]} if "host-url" in ours else None,
     }
     names = {"statefulSet": "name", "shards": "shards", "store": "store",
              "leaseTTL": "lease-ttl", "interval": "interval", "margin": "margin",
              "maxConcurrency": "max-concurrency", "renewal": "renewal",
-             "host": "host-url"}
+             "handoff": "handoff", "holdSeconds": "hold-seconds", "host": "host-url"}
     try:
         spec = ShardSetSpec.model_validate({k: v for k, v in body.items() if v is not None})
         spec.options(name="probe", cluster=meta.get("name") or "x")

@@ -1,0 +1,131 @@
+"""`handoff: hold` through the agent, on a real kube-apiserver: a pod's agent
+stopping (SIGTERM) keeps its shards for its name, its peer leaves them alone,
+and the agent of that name, back, takes them all; a scale-down (the pod's
+ordinal at or above the StatefulSet's replicas) never holds. Agents run as
+local processes with recording applications (no kubelet)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from shardlease.stores.kubernetes import ANN_RECORD
+
+from .scenario import (
+    Proc,
+    RecordingApp,
+    apply_crd,
+    eventually,
+    free_port,
+    mark_ready,
+    spawn,
+    statefulset,
+)
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+PODS = ("db-0", "db-1")
+SHARDS = 6
+TTL = 3.0
+
+pytestmark = pytest.mark.slow
+
+
+async def ended_epoch_holds(api: client.ApiClient, ns: str, node: str) -> list[float]:
+    """The hold of each ended epoch record of `node` (Kubernetes: a Lease
+    labelled shardlease.io/kind=epoch, the record in an annotation)."""
+    leases = await client.CoordinationV1Api(api).list_namespaced_lease(
+        ns, label_selector="shardlease.io/kind=epoch")
+    holds = []
+    for obj in leases.items:
+        record = json.loads((obj.metadata.annotations or {}).get(ANN_RECORD, "{}"))
+        if record.get("node") == node and record.get("ended_by"):
+            holds.append(float(record.get("hold", 0.0)))
+    return holds
+
+
+async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_never_does(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    api = api_client
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    apps_api = client.AppsV1Api(api)
+    await apply_crd(api)
+    # The StatefulSet is only read (its replicas): no controller runs here.
+    await apps_api.create_namespaced_stateful_set(namespace, statefulset("db", namespace, {},
+                                                                         replicas=2))
+    await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
+                 "store": f"kubernetes://{namespace}", "leaseTTL": TTL, "renewal": "node",
+                 "handoff": "hold", "holdSeconds": 600}})
+    for name in PODS:
+        await core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "db"}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
+        await mark_ready(api, namespace, name)
+
+    calls: list[dict[str, Any]] = []
+    apps: dict[str, RecordingApp] = {}
+    procs: dict[str, Proc] = {}
+
+    def start(name: str, run: int) -> None:
+        procs[name] = spawn(f"agent-{name}-{run}", [
+            "agent", "--shardset", "db", "--namespace", namespace, "--name", name,
+            "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{apps[name].port}"],
+            tmp_path, env={"KUBECONFIG": kubeconfig})
+
+    try:
+        for name in PODS:
+            apps[name] = app = RecordingApp(name, calls)
+            await app.start()
+            start(name, 0)
+
+        async def placed() -> bool:
+            held = [set(a.open) for a in apps.values()]
+            return len(held[0]) == len(held[1]) == 3 and held[0] | held[1] == set(range(SHARDS))
+        await eventually(placed, "both agents to open three shards each", timeout=90)
+        theirs = set(apps["db-1"].open)
+
+        # A pod being replaced: SIGTERM, its epoch ended with the hold.
+        procs["db-1"].signal(signal.SIGTERM)
+        assert await procs["db-1"].wait(60) == 0, procs["db-1"].tail()
+        assert await ended_epoch_holds(api, namespace, "db-1") == [600.0]
+        assert "kept for this pod's name for 600s" in procs["db-1"].log.read_text()
+        # db-0 leaves them alone: without the hold it takes them within a
+        # round (1 s); here not in several TTLs.
+        await asyncio.sleep(4 * TTL)
+        assert set(apps["db-0"].open).isdisjoint(theirs), apps["db-0"].open
+
+        # Back (the same pod name): it takes every one of them, nobody else did.
+        seen = len(calls)
+        start("db-1", 1)
+
+        async def back() -> bool:
+            return set(apps["db-1"].open) == theirs
+        await eventually(back, "db-1 to reopen its own shards", timeout=60)
+        opened_elsewhere = [c for c in calls if c["action"] == "open" and c["pod"] != "db-1"
+                            and c["shard"] in theirs]
+        assert opened_elsewhere == [], opened_elsewhere
+        assert all(c["pod"] == "db-1" for c in calls[seen:] if c["action"] == "open")
+
+        # A scale-down to one pod: db-1 is going for good, and frees them.
+        await apps_api.patch_namespaced_stateful_set("db", namespace, {"spec": {"replicas": 1}})
+        procs["db-1"].signal(signal.SIGTERM)
+        assert await procs["db-1"].wait(60) == 0, procs["db-1"].tail()
+        assert "is scaled away (replicas 1)" in procs["db-1"].log.read_text()
+
+        async def taken_over() -> bool:
+            return set(apps["db-0"].open) == set(range(SHARDS))
+        await eventually(taken_over, "db-0 to take every shard after the scale-down",
+                         timeout=30)
+    finally:
+        for p in procs.values():
+            p.stop()
+        for a in apps.values():
+            await a.stop()
