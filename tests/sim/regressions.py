@@ -519,6 +519,19 @@ REGRESSIONS: list[Regression] = [
                                         lost_reply_rate=0.3,
                                         calls=frozenset({"update_epoch", "create_epoch"}))),
                          kinds=("reconfigure_ttl", "store_one", "leave"), origin=4153818696)),
+    Regression("fenced-owner-repairs-over-a-peers-corrupted-claim",
+               "seed-3131304026 moved (its seed 14, the lease writes failing until 406.4, "
+               "the corruption at 405.8): the case the repair-after-the-deadline mutant is "
+               "caught by since nodes claim in their first round once every known peer is "
+               "live and the original no longer draws the interleaving",
+               SwarmCase(nodes=5, shards=2, seed=14, lease_ttl=90.0, interval=None,
+                         margin=None, max_concurrency=1, renewal="shard", faults=(
+                             StoreFault(at=276.4, until=406.4, node="n0", error_rate=1.0,
+                                        calls=frozenset({"create_lease", "update_lease"})),
+                             Corrupt(at=405.8, shard=1, how="invalid"),
+                             Reconfigure(at=566.0, node="n2", changes=(("interval", 18.0),)),
+                             Reconfigure(at=593.0, node=None, changes=(("interval", 18.0),))),
+                         kinds=("store_one", "reconfigure_interval", "corrupt"))),
 ]
 
 #: Found or made cases whose bug is known and not fixed yet: each must still
