@@ -285,7 +285,11 @@ async def _scenario(
     # The longest TTL and interval any node had (a Reconfigure may have raised
     # them): what a crashed node's leases may take to expire.
     ttl_max, interval_max = max(ttls), max(intervals)
-    await until(last + (settle if settle is not None else 2 * ttl_max + 4 * interval_max))
+    # A reservation (a Leave with a hold) keeps its shards unowned for its
+    # hold from when each node first sees it: from the last start at worst.
+    hold_max = max([f.hold for f in faults if isinstance(f, Leave)] + [0.0])
+    await until(last + (settle if settle is not None
+                        else 2 * ttl_max + 4 * interval_max + hold_max))
     # Every node's view (what `lookup` routes by) is one round old at most:
     # a move just before this instant is checked once each node has had a
     # round after it, and a placement still moving after two more rounds

@@ -51,6 +51,7 @@ KINDS: tuple[str, ...] = (
     "host",  # the application slow or failing to open and close, or refusing shards
     "join",
     "leave",
+    "handoff",  # a graceful stop keeping the leases for the node's name (`hold`), often back
     "reconfigure_ttl",  # lease_ttl changed in place (interval and margin follow, or explicit)
     "reconfigure_interval",
     "reconfigure_margin",
@@ -206,6 +207,7 @@ class _Drawer:
             "crash": self.crash, "pause": self.pause, "store_all": self.store_all,
             "store_one": self.store_one, "lost_answers": self.lost_answers,
             "stale": self.stale, "host": self.host, "join": self.join, "leave": self.leave,
+            "handoff": self.handoff,
             "reconfigure_ttl": self.reconfigure_ttl,
             "reconfigure_interval": self.reconfigure_interval,
             "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
@@ -289,6 +291,16 @@ class _Drawer:
 
     def leave(self) -> list[Fault]:
         return [Leave(self.at(), self.node())]
+
+    def handoff(self) -> list[Fault]:
+        at, node = self.at(), self.node()
+        hold = round(self.ttl * self.rng.choice((0.3, 1.0, 3.0)), 1)
+        leave = Leave(at, node, hold=hold)
+        if self.rng.random() < 0.3:
+            return [leave]  # not back: the reservations lapse
+        # Back before the hold ends (mostly), or just after it.
+        back = round(at + hold * self.rng.choice((0.1, 0.5, 0.9, 1.2)), 1)
+        return [leave, Join(back, node)]
 
     def corrupt(self) -> list[Fault]:
         return [Corrupt(self.at(), self.rng.randrange(self.shards),

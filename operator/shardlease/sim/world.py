@@ -684,8 +684,10 @@ class World:
             found[1], CLUSTER, node.name).incarnation == node.loop.incarnation
         beat = beat or bool(live_epochs)
         start = node.leave_at if node.leave_at is not None else self.now()
+        # (Calls slower than their budget are abandoned: failing too.)
         failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
-                      and (f.error_rate > 0 or f.lost_reply_rate > 0)
+                      and (f.error_rate > 0 or f.lost_reply_rate > 0
+                           or f.latency + f.jitter >= node.loop.budget)
                       for f in self.store_faults)
         # A pause leaves the stop's store calls unanswered until it ends; if
         # that leaves no time for a round (one abandoned call's budget, then
