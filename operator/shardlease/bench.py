@@ -123,18 +123,18 @@ def unowned(events: Sequence[Mapping[str, Any]], shards: int, since: float,
 
 
 async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int,
-                       hints: bool = True) -> ProcessRun:
+                       hints: bool = True, store_url: str | None = None) -> ProcessRun:
     from shardlease.checker import load_events
     from shardlease.demo import Demo, recovery_after
     from shardlease.owners import read_owners
-    from shardlease.stores.file import FileStore
+    from shardlease.stores import open_store
 
-    store_dir = workdir / "store"
     for sub in ("events", "logs"):
         (workdir / sub).mkdir(parents=True)
-    demo = Demo(nodes=nodes, shards=shards, store_url=f"file://{store_dir}", cluster="bench",
+    url = store_url or f"file://{workdir / 'store'}"
+    demo = Demo(nodes=nodes, shards=shards, store_url=url, cluster="bench",
                 workdir=workdir, ttl=ttl, view="none", hints=hints)
-    store = FileStore(store_dir)
+    store = open_store(url)
     names = [f"node-{i}" for i in range(nodes)]
     settle = ttl / 3
     try:
@@ -171,35 +171,50 @@ async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int,
         return ProcessRun(failover, join, leave, moves)
     finally:
         demo.stop_all(grace=3 * ttl)
+        with contextlib.suppress(Exception):
+            await store.aclose()
 
 
 def bench_failover(quick: bool) -> None:
     ttl, shards, nodes = (2.0, 12, 3) if quick else (3.0, 24, 4)
     repetitions = 1 if quick else 3
     interval = ttl / 3
-    say(f"== failover after kill -9 (real node processes, file store, {nodes} nodes, "
-        f"{shards} shards, lease TTL {ttl:g}s, interval {interval:g}s) ==")
+    say(f"== failover after kill -9 (real node processes, file store (and S3 on moto), "
+        f"{nodes} nodes, {shards} shards, lease TTL {ttl:g}s, interval {interval:g}s) ==")
     say("  moves: shards opened in each step, and the shard-seconds a shard was open nowhere "
         "(start: from the first node's start until balanced; join and leave: from the "
         "start or the SIGTERM until balanced)")
     runs = []
-    for hints in (True, False):
-        for i in range(repetitions):
-            workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
-            try:
-                run = asyncio.run(_process_run(workdir, ttl, shards, nodes, hints))
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-            if hints:
-                runs.append(run)
-            failover = "not recovered" if run.failover is None else \
-                f"{run.failover:.2f}s = {run.failover / ttl:.2f} x TTL"
-            steps = ", ".join(f"{k} {n} opens / {u:.2f} unowned shard-s"
-                              for k, (n, u) in run.moves.items())
-            say(f"  {'hints' if hints else 'no hints'}, run {i + 1}: failover {failover}; "
-                f"balanced {run.join:.2f}s (~{run.join / interval:.1f} intervals) after a "
-                f"join, {run.leave:.2f}s (~{run.leave / interval:.1f} intervals) after a "
-                f"graceful leave; {steps}")
+    for store in ("file",) if quick else ("file", "s3"):
+        with contextlib.ExitStack() as stack:
+            endpoint = stack.enter_context(moto_endpoint()) if store == "s3" else None
+            if store == "s3" and endpoint is None:
+                say("  s3: moto is not installed; skipped")
+                continue
+            for hints in (True, False):
+                for i in range(repetitions):
+                    workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
+                    url = None
+                    if endpoint is not None:
+                        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+                        asyncio.run(_create_bucket(endpoint, bucket))
+                        url = f"s3://{bucket}/p?endpoint={endpoint}&path_style=true"
+                    try:
+                        run = asyncio.run(_process_run(workdir, ttl, shards, nodes, hints,
+                                                       url))
+                    finally:
+                        shutil.rmtree(workdir, ignore_errors=True)
+                    if hints and store == "file":
+                        runs.append(run)
+                    failover = "not recovered" if run.failover is None else \
+                        f"{run.failover:.2f}s = {run.failover / ttl:.2f} x TTL"
+                    steps = ", ".join(f"{k} {n} opens / {u:.2f} unowned shard-s"
+                                      for k, (n, u) in run.moves.items())
+                    say(f"  {store}, {'hints' if hints else 'no hints'}, run {i + 1}: failover "
+                        f"{failover}; balanced {run.join:.2f}s (~{run.join / interval:.1f} "
+                        f"intervals) after a join, {run.leave:.2f}s "
+                        f"(~{run.leave / interval:.1f} intervals) after a graceful leave; "
+                        f"{steps}")
     done = [r.failover / ttl for r in runs if r.failover is not None]
     say(f"failover time / TTL after kill -9: median {_median(done)}, "
         f"min {min(done, default=math.nan):.2f}, max {max(done, default=math.nan):.2f} "

@@ -7,7 +7,8 @@ things that happen to pods every day.
   `/lookup` land on the owner, fenced by the generation (MinIO on the node);
 - `kubectl delete pod` of an owner: its shards reopen with a higher generation;
 - `kubectl rollout restart`: every pod replaced, shards handed off before the
-  application's SIGTERM (the preStop drain), no key lost;
+  application's SIGTERM (the preStop drain), no key lost; then again under
+  `handoff: hold`: every shard back on its own pod, none moved;
 - scale 3 -> 5 -> 2: balanced each time;
 - the application restarted by the kubelet after a failed liveness probe (the
   drain is then a pause) and the agent killed: each pod takes shards again;
@@ -441,6 +442,28 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
     assert {k: app.read(k) for k in keys} == keys
     events = cluster.get("events", "-n", ns)["items"]
     assert any(e["reason"] == "Released" for e in events), "no hand-off was announced"
+
+    # -- rollout restart under handoff: hold: every shard back on its own pod ------------
+    # (600 s: a scale-down that held would not be Balanced within its wait below.)
+    cluster.kubectl("annotate", "statefulset/shardapp", "-n", ns,
+                    "shardlease.io/handoff=hold", "shardlease.io/hold-seconds=600")
+    eventually(lambda: app.shardset()["spec"].get("handoff") == "hold",
+               "the ShardSet to say handoff: hold", 60)
+    eventually(lambda: len([e for e in cluster.get("events", "-n", ns)["items"]
+                            if e["reason"] == "Reconfigured"
+                            and "handoff move -> hold" in e.get("message", "")]) >= 3 or None,
+               "every agent to apply handoff: hold", 60)
+    owners_before = dict(status["owners"])
+    t0 = time.monotonic()
+    with Sampler(app) as sampler:
+        cluster.kubectl("rollout", "restart", "statefulset/shardapp", "-n", ns)
+        cluster.kubectl("rollout", "status", "statefulset/shardapp", "-n", ns,
+                        "--timeout", "300s", timeout=320)
+        status = eventually(lambda: app.balanced(3), "Balanced after the held rollout", 180)
+    report(f"{policy}: rollout restart, handoff hold", t0, sampler)
+    assert status["owners"] == owners_before, (owners_before, status["owners"])
+    assert sampler.figures()["moves"] == 0, sampler.figures()
+    assert {k: app.read(k) for k in keys} == keys
 
     # -- scale 3 -> 5 -> 2 ----------------------------------------------------------------
     for replicas in (5, 2):
