@@ -1,5 +1,5 @@
-"""`handoff: hold` through the agent, on a real kube-apiserver: a pod's agent
-stopping (SIGTERM) keeps its shards for its name, its peer leaves them alone,
+"""`handoff: hold` through the agent, on a real kube-apiserver: set in place,
+a pod's agent stopping (SIGTERM) keeps its shards for its name, its peer leaves them alone,
 and the agent of that name, back, takes them all; a scale-down (the pod's
 ordinal at or above the StatefulSet's replicas) never holds. Agents run as
 local processes with recording applications (no kubelet)."""
@@ -61,8 +61,7 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
     await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
         "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
-                 "store": f"kubernetes://{namespace}", "leaseTTL": TTL, "renewal": "node",
-                 "handoff": "hold", "holdSeconds": 600}})
+                 "store": f"kubernetes://{namespace}", "leaseTTL": TTL, "renewal": "node"}})
     for name in PODS:
         await core.create_namespaced_pod(namespace, {
             "apiVersion": "v1", "kind": "Pod",
@@ -91,6 +90,15 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
             return len(held[0]) == len(held[1]) == 3 and held[0] | held[1] == set(range(SHARDS))
         await eventually(placed, "both agents to open three shards each", timeout=90)
         theirs = set(apps["db-1"].open)
+        # The policy changed in place (`kubectl annotate`, or the ShardSet edited).
+        await custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db", {
+            "spec": {"handoff": "hold", "holdSeconds": 600}},
+            _content_type="application/merge-patch+json")
+
+        async def applied() -> bool:
+            return all("handoff move -> hold" in p.log.read_text(errors="replace")
+                       for p in procs.values())
+        await eventually(applied, "both agents to apply handoff: hold in place")
 
         # A pod being replaced: SIGTERM, its epoch ended with the hold.
         procs["db-1"].signal(signal.SIGTERM)

@@ -309,6 +309,8 @@ class Agent:
                 hints, unsubscribe = await self._start_hints(loop, options.cluster_name)
             task = asyncio.create_task(loop.run(), name="shardlease-loop")
             applied: ShardSetSpec | None = spec
+            #: The spec in force (the last applied): what a stop's hold is read from.
+            current = spec
             while applied is not None and not task.done():
                 changed = asyncio.create_task(self._changed.wait())
                 try:
@@ -317,12 +319,13 @@ class Agent:
                     changed.cancel()
                 if not task.done():
                     applied = await self._apply_in_place(loop, host, applied)
+                    current = applied or current
             if not task.done():
                 why = "stopping" if self._stopping.is_set() else \
                     "draining" if self._resume is not None else \
                     "the ShardSet was deleted" if self.spec is None else \
                     "the ShardSet's store or renewal changed (a restart of the loop)"
-                hold = await self._hold_seconds(applied or spec) \
+                hold = await self._hold_seconds(current) \
                     if why in ("stopping", "draining") else 0.0
                 logger.info("%s: closing every shard and freeing its lease%s", why,
                             f", kept for this pod's name for {hold:g}s (handoff: hold)"
