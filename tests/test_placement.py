@@ -375,3 +375,16 @@ def test_shards_kept_for_this_node_are_claimed_first_all_of_them_whatever_the_sh
     # And with room left, the preferred others follow.
     p = plan(view(live=1, candidates=(kept[0], *others)))
     assert p.claim == (5, *by_preference(s.shard for s in others)[:7])
+
+
+def test_a_cap_on_moves_spreads_the_releases_above_the_share_over_rounds() -> None:
+    mine = tuple(held(s) for s in range(8))
+    # 8 held, share 2 (8 shards, 4 live): 6 to give up, 2 a round with the cap.
+    assert len(plan(view(live=4, held=mine)).release) == 6
+    capped = plan(replace(view(live=4, held=mine), max_moves=2))
+    assert capped.release == plan(view(live=4, held=mine)).release[:2]
+    assert capped.claim == ()
+    # Not a stop's releases, nor those beyond a smaller shard count.
+    assert len(plan(replace(view(live=4, held=mine, stopping=True), max_moves=2)).release) == 8
+    beyond = plan(replace(view(shards=4, live=1, held=mine), max_moves=1))
+    assert beyond.release == (4, 5, 6, 7)

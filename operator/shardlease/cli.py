@@ -261,7 +261,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         options = Options.make(shards=args.shards, lease_ttl=args.lease_ttl,
                                interval=args.interval, margin=args.margin, name=args.name,
                                cluster_name=args.cluster, max_concurrency=args.max_concurrency,
-                               renewal=args.renewal)
+                               renewal=args.renewal,
+                               max_moves_per_round=args.max_moves_per_round)
         peers = parse_peers(args.peer)
         if args.hints is not None:
             from shardlease.hints import parse_address
@@ -394,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--margin", type=float,
                       help="seconds before expiry at which shards are fenced (lease-ttl/6)")
     node.add_argument("--max-concurrency", type=int, help="opens at once (16)")
+    node.add_argument("--max-moves-per-round", type=int,
+                      help="shards released above the share per round, at most (no cap)")
     node.add_argument("--renewal", choices=("shard", "node"),
                       help="how held leases are kept: 'node' writes one epoch record per "
                       "node (default); 'shard' rewrites each lease every interval "

@@ -764,7 +764,8 @@ class PlacementLoop:
                         reserved=reserved))
         return placement.plan(placement.View(
             node=self.name, shards=self.options.shards, live=live, stopping=stopping, now=now,
-            ttl=self.ttl, held=tuple(held), candidates=tuple(candidates)))
+            ttl=self.ttl, held=tuple(held), candidates=tuple(candidates),
+            max_moves=self.options.max_moves_per_round))
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:

@@ -43,6 +43,10 @@ class Options(BaseModel):
     max_concurrency: int = Field(default=16, ge=1)
     open_timeout: float = Field(default=60.0, gt=0, description="Seconds an open may take.")
     close_timeout: float = Field(default=60.0, gt=0, description="Seconds one close try may take.")
+    max_moves_per_round: int | None = Field(
+        default=None, ge=1,
+        description="Shards this node releases above its share per round, at most (None: "
+        "all of them at once): spreads a large scale change over rounds.")
     renewal: Renewal = Field(
         default="node",
         description="How held leases are kept: 'node' (the default) rewrites only this "

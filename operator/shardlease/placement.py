@@ -13,7 +13,9 @@ A round's plan (`plan`):
 2. release the held shards at or above the shard count (it shrank), then the
    held shards above the share, cheapest first: not yet opened (nothing to
    close), then the ones this node likes least (so it keeps the ones it would
-   claim), adopted ones last (a peer's host may have refused them);
+   claim), adopted ones last (a peer's host may have refused them); at most
+   `max_moves` of the latter per round, if set (`maxMovesPerRound`: a large
+   scale change spread over rounds);
 3. claim the shards kept for this node by name (a pod back from a restart
    under `handoff: hold`), all of them; then up to the share among the
    other candidates, the ones this node prefers first (rendezvous hashing:
@@ -147,6 +149,9 @@ class View:
     #: so the caller may then pass the free ones only and spare itself the
     #: O(shards) judgement; the plan is the same.
     candidates: tuple[Candidate, ...]
+    #: Releases above the share per round, at most (None: no cap). Not the
+    #: shards beyond the count, nor a stop's: those must go.
+    max_moves: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,6 +185,10 @@ def plan(view: View) -> Plan:
     beyond = releases_beyond(view.held, view.shards)
     keep = [h for h in view.held if h.active and h.shard < view.shards]
     excess = _excess(view.node, keep, share)
+    if view.max_moves is not None and not view.stopping:
+        # (The rest goes in the next rounds; meanwhile this node claims
+        # nothing, being above its share.)
+        excess = excess[:view.max_moves]
     release = beyond + excess
     if view.stopping:
         return Plan(share=share, release=release, claim=(), adopt=())

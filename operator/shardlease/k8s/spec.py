@@ -9,6 +9,8 @@ Opt-in annotations on a StatefulSet (values are strings, as annotations are):
     shardlease.io/interval          "5"    seconds (default lease-ttl/3)
     shardlease.io/margin            "2.5"  seconds (default lease-ttl/6)
     shardlease.io/max-concurrency   "16"
+    shardlease.io/max-moves-per-round  "4"  shards a pod releases above its share
+                                    per round, at most (default: no cap)
     shardlease.io/renewal           "shard" | "node"  how held leases are kept
                                     (docs/renewal.md)
     shardlease.io/handoff           "move" | "hold"  what a pod being replaced does
@@ -53,7 +55,7 @@ PREFIX = "shardlease.io/"
 SHARDS = PREFIX + "shards"
 KNOWN = {
     "shards", "store", "lease-ttl", "interval", "margin", "max-concurrency", "renewal", "host-url",
-    "handoff", "hold-seconds",
+    "handoff", "hold-seconds", "max-moves-per-round",
     "inject", "agent-cpu-request", "agent-cpu-limit", "agent-memory-request",
     "agent-memory-limit", "agent-image-pull-policy", "agent-env-from-secret",
     "agent-env-from-configmap", "native-sidecar", "drain-containers",
@@ -91,6 +93,7 @@ class ShardSetSpec(BaseModel):
     interval: float | None = Field(default=None, gt=0)
     margin: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=16, ge=1, alias="maxConcurrency")
+    max_moves_per_round: int | None = Field(default=None, ge=1, alias="maxMovesPerRound")
     renewal: Renewal = "node"
     #: What a pod being replaced (not scaled away) does with its shards:
     #: "move" frees them for anyone; "hold" keeps them for its own name
@@ -112,7 +115,8 @@ class ShardSetSpec(BaseModel):
             shards=self.shards, lease_ttl=self.lease_ttl, interval=self.interval,
             margin=self.margin, max_concurrency=self.max_concurrency, name=name,
             cluster_name=cluster, open_timeout=self.host.open_timeout,
-            close_timeout=self.host.close_timeout, renewal=self.renewal)
+            close_timeout=self.host.close_timeout, renewal=self.renewal,
+            max_moves_per_round=self.max_moves_per_round)
 
     def to_body(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -160,6 +164,7 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
         "interval": number("interval", float),
         "margin": number("margin", float),
         "maxConcurrency": number("max-concurrency", int),
+        "maxMovesPerRound": number("max-moves-per-round", int),
         "renewal": ours.get("renewal"),
         "handoff": ours.get("handoff"),
         "holdSeconds": number("hold-seconds", float),
@@ -168,7 +173,8 @@ def spec_from_annotations(sts: dict[str, Any]) -> ShardSetSpec | None:
     names = {"statefulSet": "name", "shards": "shards", "store": "store",
              "leaseTTL": "lease-ttl", "interval": "interval", "margin": "margin",
              "maxConcurrency": "max-concurrency", "renewal": "renewal",
-             "handoff": "handoff", "holdSeconds": "hold-seconds", "host": "host-url"}
+             "handoff": "handoff", "holdSeconds": "hold-seconds",
+             "maxMovesPerRound": "max-moves-per-round", "host": "host-url"}
     try:
         spec = ShardSetSpec.model_validate({k: v for k, v in body.items() if v is not None})
         spec.options(name="probe", cluster=meta.get("name") or "x")

@@ -288,8 +288,12 @@ async def _scenario(
     # A reservation (a Leave with a hold) keeps its shards unowned for its
     # hold from when each node first sees it: from the last start at worst.
     hold_max = max([f.hold for f in faults if isinstance(f, Leave)] + [0.0])
+    # A cap on moves per round spreads a rebalance over up to shards / cap rounds.
+    caps = [int(v) for f in faults if isinstance(f, Reconfigure)
+            for k, v in f.changes if k == "max_moves_per_round" and v]
+    spread = math.ceil(shards / min(caps)) * interval_max if caps else 0.0
     await until(last + (settle if settle is not None
-                        else 2 * ttl_max + 4 * interval_max + hold_max))
+                        else 2 * ttl_max + 4 * interval_max + hold_max + spread))
     # Every node's view (what `lookup` routes by) is one round old at most:
     # a move just before this instant is checked once each node has had a
     # round after it, and a placement still moving after two more rounds
