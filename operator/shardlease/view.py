@@ -33,6 +33,8 @@ class Owner:
     generation: int
     #: Wall-clock seconds since this owner (or none) has had it; 0 if unknown.
     since: float = 0.0
+    #: Unowned, and kept for the node of this name (`handoff: hold`).
+    reserved_for: str | None = None
 
 
 class LeaseView:
@@ -101,8 +103,11 @@ class LeaseView:
                 if rec.renewal == "node" and rec.owner is not None \
                         and (rec.owner, rec.incarnation or "") in self.epochs.ended:
                     # Its epoch is over (ended by its owner's stop, or taken
-                    # over): nobody has it, whatever the record still says.
-                    owners[shard] = Owner(shard, None, rec.generation)
+                    # over): nobody has it, whatever the record still says
+                    # (kept for its owner's name if it ended with a hold).
+                    owners[shard] = Owner(shard, None, rec.generation,
+                                          reserved_for=rec.owner
+                                          if self.epochs.reserved_for_owner(rec) else None)
                 if rec.owner is None:
                     free.append(shard)
                     continue
@@ -142,7 +147,7 @@ class LeaseView:
         cached = self._rows.get(shard)
         if cached is None or cached[0] is not rec:
             cached = self._rows[shard] = (rec, Owner(shard, rec.owner, rec.generation,
-                                                     rec.since))
+                                                     rec.since, rec.reserved()))
         return cached[1]
 
     def forget_owner(self, shard: int) -> None:

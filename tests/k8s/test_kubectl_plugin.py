@@ -96,6 +96,21 @@ async def test_kubectl_shardlease_shows_owners_lookups_and_a_description(
     pods = {line.split()[0]: line.split()[1:] for line in text.splitlines()
             if line.startswith("db-")}
     assert pods["db-0"][:2] == ["2", "127.0.0.1"] and pods["db-9"][-1] == "NO"
+    assert "Reserved:" not in text  # handoff: move, nothing kept
+
+    # handoff: hold, and a pod being replaced: what is kept for it.
+    custom = client.CustomObjectsApi(api_client)
+    await custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "db", {"spec": {"handoff": "hold", "holdSeconds": 45}},
+        _content_type="application/merge-patch+json")
+    await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "db",
+        {"status": {"owners": {"0": "db-0", "2": "db-0"}, "reserved": {"1": "db-1", "3": "db-1"}}},
+        _content_type="application/merge-patch+json")
+    text = kubectl(kubeconfig, "shardlease", "describe", "db", "-n", namespace).stdout
+    assert "Handoff:      hold, 45" in text, text
+    kept = [line.split() for line in text.split("Reserved:", 1)[1].splitlines()[1:3]]
+    assert kept[1] == ["db-1", "1", "3"], text
 
 
 async def test_kubectl_shardlease_says_what_is_missing(

@@ -175,6 +175,17 @@ async def describe(view: View) -> str:
         rows.append((pod, str(counts.get(pod, 0)), ip,
                      "yes" if pod in view.live() else "NO"))
     lines.append(table(("POD", "SHARDS", "IP", "LIVE"), rows) if rows else "  (none)")
+    reserved = status.get("reserved") or {}
+    if reserved or spec.get("handoff") == "hold":
+        lines += ["", f"Handoff:      hold, {spec.get('holdSeconds', 30)}s "
+                  "(a replaced pod's shards are kept for it)", "Reserved:"]
+        by_pod: dict[str, list[int]] = {}
+        for shard, pod in reserved.items():
+            by_pod.setdefault(str(pod), []).append(int(shard))
+        lines.append(table(("POD", "SHARDS KEPT FOR IT"),
+                           [(pod, " ".join(map(str, sorted(shards))))
+                            for pod, shards in sorted(by_pod.items())])
+                     if by_pod else "  (none)")
     lines += ["", "Conditions:"]
     conds = [(c.get("type", ""), c.get("status", ""), c.get("reason", ""),
               ago(c.get("lastTransitionTime"), now), c.get("message", ""))

@@ -36,7 +36,10 @@ def iso(epoch: float) -> str:
 def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int,
                  observed_generation: int | None, publisher: str) -> dict[str, Any]:
     """The status fields (without transition times) for the owners read last."""
+    owners = list(owners)
     owned = {o.shard: o for o in owners if o.owner is not None and 0 <= o.shard < shards}
+    reserved = {o.shard: o.reserved_for for o in owners
+                if o.owner is None and o.reserved_for is not None and 0 <= o.shard < shards}
     owner_of = {s: o.owner for s, o in owned.items() if o.owner is not None}
     live = sorted(set(live_nodes))
     share = math.ceil(shards / len(live)) if live else shards
@@ -61,6 +64,8 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
         "generations": {str(s): o.generation for s, o in sorted(owned.items())},
         # When each owner took its shard (from the lease records; informational).
         "since": {str(s): iso(o.since) for s, o in sorted(owned.items()) if o.since > 0},
+        # Unowned shards kept for a pod being replaced (handoff: hold).
+        "reserved": {str(s): pod for s, pod in sorted(reserved.items())},
         "ownedShards": len(owned),
         "liveNodes": len(live),
         "nodes": live,
