@@ -312,9 +312,18 @@ class StoreContract:
         # `handoff: hold`: a free lease kept for a node's name, and an epoch
         # its owner ended with a hold, as every store keeps them.
         lease = rewrite(make_lease(3, owner=None), reserved_for="node-a", hold=30.0)
-        await store.create_lease(lease)
+        version = await store.create_lease(lease)
         assert valid(await store.get_lease(CLUSTER, 3)) == lease
         assert valid((await store.list_leases(CLUSTER))[3]) == lease
+        # Claimed by the node it was kept for, then freed for anyone: no
+        # reservation is left behind by either write.
+        claimed = rewrite(make_lease(3, owner="node-a", generation=2))
+        version = await store.update_lease(claimed, version)
+        assert valid(await store.get_lease(CLUSTER, 3)) == claimed
+        freed = rewrite(claimed, owner=None)
+        await store.update_lease(freed, version)
+        assert valid(await store.get_lease(CLUSTER, 3)) == freed
+        assert valid((await store.list_leases(CLUSTER))[3]).reserved() is None
         version = await store.create_epoch(make_epoch("node-a", "e1"))
         ended = make_epoch("node-a", "e1", ended_by="node-a").model_copy(update={"hold": 30.0})
         await store.update_epoch(ended, version)

@@ -1041,6 +1041,10 @@ class KubernetesStore(LeaseStore):
         body["metadata"]["annotations"].setdefault(ANN_INCARNATION, None)
         body["metadata"]["annotations"].setdefault(ANN_RENEWAL, None)
         body["metadata"]["annotations"].setdefault(ANN_FORMAT, None)
+        # (A merge patch keeps what it does not name: a reservation a free
+        # wrote must be cleared by the writes after it.)
+        body["metadata"]["annotations"].setdefault(ANN_RESERVED_FOR, None)
+        body["metadata"]["annotations"].setdefault(ANN_HOLD, None)
         status, payload = await self._request("PATCH", self._path(name), body=body, kind="put")
         if status in (409, 404):
             raise Conflict(f"lease {lease.cluster}/{lease.shard} changed since version {version}")
