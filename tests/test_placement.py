@@ -388,3 +388,17 @@ def test_a_cap_on_moves_spreads_the_releases_above_the_share_over_rounds() -> No
     assert len(plan(replace(view(live=4, held=mine, stopping=True), max_moves=2)).release) == 8
     beyond = plan(replace(view(shards=4, live=1, held=mine), max_moves=1))
     assert beyond.release == (4, 5, 6, 7)
+
+
+def test_after_its_first_intervals_a_node_claims_what_is_kept_for_it_within_its_share() -> None:
+    kept = tuple(Candidate(shard=s, free_for=0.0, cooling_until=None, reserved=True)
+                 for s in (1, 3, 5))
+    at_share = tuple(held(s) for s in (0, 2, 4, 6))  # share 4 (8 shards, 2 live)
+    # Just back: all of them, above the share (the excess goes next round).
+    assert plan(view(held=at_share, candidates=kept)).claim == (1, 3, 5)
+    # Later (a reservation left behind): never above the share, so no node
+    # claims and releases the same shards round after round.
+    later = replace(view(held=at_share, candidates=kept), returning=False)
+    assert plan(later).claim == ()
+    below = replace(view(held=at_share[:2], candidates=(*kept, free(7))), returning=False)
+    assert plan(below).claim == (1, 3)

@@ -765,7 +765,8 @@ class PlacementLoop:
         return placement.plan(placement.View(
             node=self.name, shards=self.options.shards, live=live, stopping=stopping, now=now,
             ttl=self.ttl, held=tuple(held), candidates=tuple(candidates),
-            max_moves=self.options.max_moves_per_round))
+            max_moves=self.options.max_moves_per_round,
+            returning=now < self._claims_from + self.options.interval_s))
 
     async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
         try:

@@ -17,7 +17,8 @@ A round's plan (`plan`):
    `max_moves` of the latter per round, if set (`maxMovesPerRound`: a large
    scale change spread over rounds);
 3. claim the shards kept for this node by name (a pod back from a restart
-   under `handoff: hold`), all of them; then up to the share among the
+   under `handoff: hold`), all of them in its first intervals (`returning`),
+   within the share after; then up to the share among the
    other candidates, the ones this node prefers first (rendezvous hashing:
    each node prefers different shards, so concurrent claimers rarely race
    for the same lease and placements stay put), skipping those cooling down
@@ -152,6 +153,11 @@ class View:
     #: Releases above the share per round, at most (None: no cap). Not the
     #: shards beyond the count, nor a stop's: those must go.
     max_moves: int | None = None
+    #: The node just started (its first intervals): the shards kept for it
+    #: are claimed whatever the share. Later, only within it (a reservation
+    #: left behind must never make a node claim above its share round after
+    #: round, releasing what it claimed the round before).
+    returning: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,10 +202,12 @@ def plan(view: View) -> Plan:
     # all of them: left alone they would wait out their hold elsewhere. Any
     # excess goes by the next rounds' releases, like any above the share.
     reserved = tuple(sorted(c.shard for c in view.candidates if c.reserved))
+    if not view.returning:
+        reserved = reserved[:max(0, share - len(keep))]
     want = max(0, share - len(keep) - len(reserved))  # (0 when there was an excess)
     alone = view.live <= 1
     waived = COOLDOWN_WAIVED * view.ttl
-    eligible = [c for c in view.candidates if not c.reserved and (
+    eligible = [c for c in view.candidates if c.shard not in reserved and (
                 c.cooling_until is None or view.now >= c.cooling_until
                 or alone or c.free_for > waived)]
     eligible.sort(key=lambda c: preference(view.node, c.shard), reverse=True)

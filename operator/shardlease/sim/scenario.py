@@ -164,6 +164,7 @@ def run_scenario(
     recovery_bound: float | None = None,
     quiet: bool = True,
     hints: Hints | None = None,
+    sticky_reservations: bool = False,
 ) -> ScenarioResult:
     """Simulate, check, and measure one scenario (see the package docstring)."""
     started = time.perf_counter()
@@ -177,7 +178,7 @@ def run_scenario(
             margin=margin, max_concurrency=max_concurrency, open_timeout=open_timeout,
             close_timeout=close_timeout, renewal=renewal, faults=list(faults),
             wall_skews=dict(wall_skews or {}), settle=settle, recovery_bound=recovery_bound,
-            hints=hints))
+            hints=hints, sticky_reservations=sticky_reservations))
     finally:
         log.setLevel(level)
     result.real_seconds = time.perf_counter() - started
@@ -188,7 +189,7 @@ async def _scenario(
     *, nodes: int, shards: int, seed: int, lease_ttl: float, interval: float | None,
     margin: float | None, max_concurrency: int, open_timeout: float, close_timeout: float,
     renewal: Renewal, faults: list[Fault], wall_skews: dict[str, float], settle: float | None,
-    recovery_bound: float | None, hints: Hints | None,
+    recovery_bound: float | None, hints: Hints | None, sticky_reservations: bool,
 ) -> ScenarioResult:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualTimeLoop)
@@ -197,7 +198,8 @@ async def _scenario(
     interval_s, ttl = opts.interval_s, opts.lease_ttl
     world = World(shards=shards, seed=seed, lease_ttl=ttl, interval=interval, margin=margin,
                   max_concurrency=max_concurrency, open_timeout=open_timeout,
-                  close_timeout=close_timeout, renewal=renewal, hints=hints)
+                  close_timeout=close_timeout, renewal=renewal, hints=hints,
+                  sticky_reservations=sticky_reservations)
     world.install(loop)
     world.store_faults = [f for f in faults if isinstance(f, StoreFault)]
     world.host_faults = [f for f in faults if isinstance(f, HostFault)]

@@ -308,6 +308,13 @@ class SimStore(LeaseStore):
             "put", "create_lease", lambda: self.inner.create_lease(lease))
 
     async def update_lease(self, lease: Lease, version: str) -> str:
+        if self.world.sticky_reservations and lease.reserved_for is None and not lease.hold:
+            # A store whose update keeps what the write does not name (a merge
+            # patch): an earlier free's reservation stays on the record.
+            before = self.world.read_leases().get(lease.shard)
+            if before is not None and before.reserved_for is not None:
+                lease = lease.model_copy(update={"reserved_for": before.reserved_for,
+                                                 "hold": before.hold})
         return await self._call(
             "put", "update_lease", lambda: self.inner.update_lease(lease, version))
 
@@ -443,6 +450,9 @@ class World:
     pending: set[str] = field(default_factory=set)
     #: How hints travel between nodes (None: no node sends any).
     hints: Hints | None = None
+    #: The store keeps a free's reservation through later writes that do not
+    #: name one (the Kubernetes store's merge patches did, before c22221f).
+    sticky_reservations: bool = False
 
     # -- plumbing ------------------------------------------------------------------
 
