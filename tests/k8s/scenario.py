@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -110,6 +110,18 @@ async def mark_ready(api: client.ApiClient, namespace: str, name: str, ready: bo
         "conditions": [{"type": "Ready", "status": "True" if ready else "False",
                         "lastTransitionTime": now}]}}
     await core.patch_namespaced_pod_status(name, namespace, status)
+
+
+async def ready_pods(api: client.ApiClient, namespace: str, names: Iterable[str],
+                     labels: dict[str, str]) -> None:
+    """Bare pods marked Ready (no kubelet here): what peer discovery sees."""
+    core = client.CoreV1Api(api)
+    for name in names:
+        await core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": dict(labels)},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
+        await mark_ready(api, namespace, name)
 
 
 @dataclass

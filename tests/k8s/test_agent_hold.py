@@ -23,7 +23,7 @@ from .scenario import (
     apply_crd,
     eventually,
     free_port,
-    mark_ready,
+    ready_pods,
     spawn,
     statefulset,
 )
@@ -52,7 +52,7 @@ async def ended_epoch_holds(api: client.ApiClient, ns: str, node: str) -> list[f
 async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_never_does(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
     api = api_client
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    custom = client.CustomObjectsApi(api)
     apps_api = client.AppsV1Api(api)
     await apply_crd(api)
     # The StatefulSet is only read (its replicas): no controller runs here.
@@ -62,12 +62,7 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
         "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
                  "store": f"kubernetes://{namespace}", "leaseTTL": TTL, "renewal": "node"}})
-    for name in PODS:
-        await core.create_namespaced_pod(namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "db"}},
-            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
-        await mark_ready(api, namespace, name)
+    await ready_pods(api, namespace, PODS, {"app": "db"})
 
     calls: list[dict[str, Any]] = []
     apps: dict[str, RecordingApp] = {}

@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 
 from shardlease.stores.kubernetes import ANN_TTL, lease_name
 
-from .scenario import Proc, RecordingApp, apply_crd, eventually, free_port, mark_ready, spawn
+from .scenario import Proc, RecordingApp, apply_crd, eventually, free_port, ready_pods, spawn
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 PODS = ("db-0", "db-1")
@@ -43,12 +43,7 @@ async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
         # one shows in the next epoch: tests/test_reconfigure.py.)
         "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": 6,
                  "store": f"kubernetes://{namespace}", "leaseTTL": 3.0, "renewal": "shard"}})
-    for name in PODS:
-        await core.create_namespaced_pod(namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "db"}},
-            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
-        await mark_ready(api, namespace, name)
+    await ready_pods(api, namespace, PODS, {"app": "db"})
 
     calls: list[dict[str, Any]] = []
     apps: dict[str, RecordingApp] = {}

@@ -50,6 +50,14 @@ def opens_after(r: ScenarioResult, shards: set[int], t: float) -> list[tuple[flo
             if ev.kind == "opened" and ev.shard in shards and ev.t > t]
 
 
+def first_reopens(r: ScenarioResult, shards: set[int], after: float) -> dict[int, float]:
+    """When each of `shards` was first opened after `after`."""
+    first: dict[int, float] = {}
+    for t, _, shard in opens_after(r, shards, after):
+        first.setdefault(shard, t)
+    return first
+
+
 def released_at(r: ScenarioResult, node: str) -> float:
     """When the stopping node's last shard was freed (the reservation written)."""
     return max(ev.t for ev in r.trace if ev.kind == "release" and ev.node == node)
@@ -85,10 +93,7 @@ def test_a_node_that_does_not_come_back_loses_its_reservations_after_the_hold(
     if not mine:
         return
     freed = released_at(r, "n0")
-    opens = opens_after(r, mine, LEAVE_AT)
-    first = {}
-    for t, _, shard in opens:
-        first.setdefault(shard, t)
+    first = first_reopens(r, mine, LEAVE_AT)
     note(f"held {sorted(mine)}; freed at {freed:.3f}; reopened at {first}")
     assert set(first) == mine, "a reserved shard never reopened"
     # Nobody sees the reservation before it was written: none reopens
@@ -108,9 +113,7 @@ def test_a_stop_without_a_hold_keeps_nothing(
     if not mine:
         return
     freed = released_at(r, "n0")
-    first = {}
-    for t, _, shard in opens_after(r, mine, LEAVE_AT):
-        first.setdefault(shard, t)
+    first = first_reopens(r, mine, LEAVE_AT)
     assert set(first) == mine
     assert max(first.values()) <= freed + 2 * INTERVAL, first
 
