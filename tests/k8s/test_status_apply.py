@@ -21,11 +21,14 @@ GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 class Placement:
     """What publish_once reads of a loop: the owners and the live nodes."""
 
-    def __init__(self, owners: dict[int, str]) -> None:
+    def __init__(self, owners: dict[int, str], reserved: dict[int, str] | None = None) -> None:
         self._owners = owners
+        self._reserved = reserved or {}
 
     def owners(self) -> list[Owner]:
-        return [Owner(shard=s, owner=o, generation=1) for s, o in self._owners.items()]
+        return [Owner(shard=s, owner=o, generation=1) for s, o in self._owners.items()] + [
+            Owner(shard=s, owner=None, generation=1, reserved_for=o)
+            for s, o in self._reserved.items()]
 
     def live_nodes(self) -> list[str]:
         return sorted(set(self._owners.values()))
@@ -77,3 +80,34 @@ async def test_a_stale_agent_never_drops_the_operators_conditions(
 
 async def api_client_for(kubeconfig: str) -> Any:
     return await api_client(kubeconfig)
+
+
+async def test_maps_that_empty_out_are_published(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient) -> None:
+    # A reservation taken back (handoff: hold), or every owner gone: a map of
+    # the status goes from entries to none, and the apply must still land
+    # (on the real pods it was refused, 422 "reserved ... must be of type
+    # object", and the status went stale for good).
+    await apply_crd(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    spec = {"statefulSet": "db", "shards": 2, "store": f"kubernetes://{namespace}"}
+    created = await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        "spec": spec})
+    agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
+    agent._api = await api_client_for(kubeconfig)
+    shardset = ShardSetSpec.model_validate(spec)
+    try:
+        agent.body = created
+        assert await agent.publish_once(Placement({0: "db-0"}, {1: "db-1"}), shardset)  # type: ignore[arg-type]
+        obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db")
+        assert obj["status"]["reserved"] == {"1": "db-1"}
+        assert await agent.publish_once(Placement({0: "db-0", 1: "db-1"}), shardset)  # type: ignore[arg-type]
+        obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db")
+        assert obj["status"].get("reserved", {}) == {}
+        assert obj["status"]["owners"] == {"0": "db-0", "1": "db-1"}
+        assert await agent.publish_once(Placement({}), shardset)  # type: ignore[arg-type]
+        obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "db")
+        assert obj["status"].get("owners", {}) == {} and obj["status"]["ownedShards"] == 0
+    finally:
+        await agent._api.close()

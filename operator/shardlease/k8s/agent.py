@@ -479,9 +479,14 @@ class Agent:
                                         (body.get("status") or {}).get("conditions"),
                                         meta.get("generation"))
             if c["type"] in ours]
+        # A map or list that empties out is left out of the apply (the server
+        # then drops the field this manager owned): applied as {} or [] after
+        # having entries, it reaches validation as null and the whole status
+        # is refused (422).
+        applied = {k: v for k, v in status.items() if v not in ({}, [])}
         apply = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
                  "metadata": {"name": self.shardset, "namespace": self.namespace},
-                 "status": status}
+                 "status": applied}
         code, answer = await call(self._api, "PATCH", path + "/status", apply,
                                   "application/apply-patch+yaml",
                                   query=[("fieldManager", "shardlease-agent"),
