@@ -191,7 +191,8 @@ def bench_failover(quick: bool) -> None:
             if store == "s3" and endpoint is None:
                 say("  s3: moto is not installed; skipped")
                 continue
-            for hints in (True, False):
+            # (The comparison without hints in the full run only.)
+            for hints in (True,) if quick else (True, False):
                 for i in range(repetitions):
                     workdir = Path(tempfile.mkdtemp(prefix="shardlease-bench-"))
                     url = None

@@ -14,6 +14,8 @@ pytestmark = pytest.mark.slow
 FIGURES = [
     r"failover time / TTL after kill -9: median \d+\.\d+",
     r"run 1: failover \d+\.\d+s = \d+\.\d+ x TTL",
+    r"file, hints, run 1: .* start \d+ opens / \d+\.\d+ unowned shard-s, join \d+ opens / "
+    r"\d+\.\d+ unowned shard-s, leave \d+ opens / \d+\.\d+ unowned shard-s",
     r"rounds to balance after a node joins, 64 shards: median \d",
     r"rounds to balance after a node leaves \(graceful\), 64 shards: median \d",
     r"rounds to balance after a node crashes, 64 shards: median \d",
