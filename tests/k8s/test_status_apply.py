@@ -41,14 +41,8 @@ async def conditions(custom: client.CustomObjectsApi, ns: str) -> dict[str, dict
 
 async def test_a_stale_agent_never_drops_the_operators_conditions(
         namespace: str, kubeconfig: str, api_client: client.ApiClient) -> None:
-    await apply_crd(api_client)
     custom = client.CustomObjectsApi(api_client)
-    spec = {"statefulSet": "db", "shards": 2, "store": f"kubernetes://{namespace}"}
-    created = await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
-        "spec": spec})
-    agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
-    agent._api = await api_client_for(kubeconfig)
+    spec, created, agent = await shardset_and_agent(namespace, kubeconfig, api_client)
     try:
         agent.body = created  # the agent's copy, from before the operator wrote
         # The operator writes its condition (its own field manager).
@@ -82,20 +76,29 @@ async def api_client_for(kubeconfig: str) -> Any:
     return await api_client(kubeconfig)
 
 
+async def shardset_and_agent(namespace: str, kubeconfig: str, api: client.ApiClient
+                             ) -> tuple[dict[str, Any], dict[str, Any], Agent]:
+    """A ShardSet of 2 shards (its spec and the object created), and an
+    agent of pod db-0 with its own API client (to close)."""
+    await apply_crd(api)
+    spec = {"statefulSet": "db", "shards": 2, "store": f"kubernetes://{namespace}"}
+    created = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+            "spec": spec})
+    agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
+    agent._api = await api_client_for(kubeconfig)
+    return spec, created, agent
+
+
 async def test_maps_that_empty_out_are_published(
         namespace: str, kubeconfig: str, api_client: client.ApiClient) -> None:
     # A reservation taken back (handoff: hold), or every owner gone: a map of
     # the status goes from entries to none, and the apply must still land
     # (on the real pods it was refused, 422 "reserved ... must be of type
     # object", and the status went stale for good).
-    await apply_crd(api_client)
     custom = client.CustomObjectsApi(api_client)
-    spec = {"statefulSet": "db", "shards": 2, "store": f"kubernetes://{namespace}"}
-    created = await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
-        "spec": spec})
-    agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
-    agent._api = await api_client_for(kubeconfig)
+    spec, created, agent = await shardset_and_agent(namespace, kubeconfig, api_client)
     shardset = ShardSetSpec.model_validate(spec)
     try:
         agent.body = created

@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.s3server import S3Server
-
 from .cluster import LocalCluster, held_by
-from .conftest import MakeCluster
+from .conftest import MakeCluster, cluster_on
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["tests.support.s3server"]
@@ -45,13 +43,7 @@ def log_records(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
 @pytest.fixture(params=["file-shard", "file-node", "s3-node"])
 def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
             tmp_path: Path) -> LocalCluster:
-    store, renewal = request.param.split("-")
-    if store == "file":
-        return make_cluster(f"file://{tmp_path / 'store'}", shards=SHARDS, ttl=TTL,
-                            renewal=renewal)
-    server: S3Server = request.getfixturevalue("s3_server")
-    return make_cluster(server.url(server.create_bucket(), "sl"), shards=SHARDS, ttl=TTL,
-                        env=server.env(), renewal=renewal)
+    return cluster_on(request.param, request, make_cluster, tmp_path, shards=SHARDS, ttl=TTL)
 
 
 def test_a_stopped_nodes_shards_are_claimed_in_a_round_its_hint_woke(

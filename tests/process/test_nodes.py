@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from shardlease.checker import check_events
-from tests.support.s3server import S3Server
 
 from .cluster import WAIT, LocalCluster, counts, held_by
-from .conftest import MakeCluster
+from .conftest import MakeCluster, cluster_on
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +38,7 @@ def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
             tmp_path: Path) -> LocalCluster:
     """The nodes' store, the embedded file store or S3 (moto) over HTTP, and
     how they keep their leases (per-shard or node-epoch renewal)."""
-    store, renewal = request.param.split("-")
-    if store == "file":
-        return make_cluster(f"file://{tmp_path / 'store'}", shards=SHARDS, ttl=TTL,
-                            renewal=renewal)
-    server: S3Server = request.getfixturevalue("s3_server")
-    return make_cluster(server.url(server.create_bucket(), "sl"), shards=SHARDS, ttl=TTL,
-                        env=server.env(), renewal=renewal)
+    return cluster_on(request.param, request, make_cluster, tmp_path, shards=SHARDS, ttl=TTL)
 
 
 def wait_events(cluster: LocalCluster, what: str,
