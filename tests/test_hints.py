@@ -56,6 +56,36 @@ async def test_a_burst_of_frees_sends_one_hint_per_peer_which_wakes_it() -> None
             await p.channel.aclose()
 
 
+async def test_a_free_during_a_burst_still_being_sent_gets_a_burst_of_its_own() -> None:
+    # A burst waits on each peer's address in turn (a name to resolve); a
+    # free in the meantime must not be folded into the burst already taken.
+    peers: dict[str, str] = {}
+    a, b = Peer("a", peers), Peer("b", peers)
+    peers["a"], peers["b"] = await a.start(), await b.start()
+    peers["slow"] = "slow.example:1"
+    resolving, answer = asyncio.Event(), asyncio.Event()
+    resolve = a.channel._resolve
+
+    async def slow_resolve(host: str, port: int) -> tuple[str, int]:
+        if host == "slow.example":
+            resolving.set()
+            await answer.wait()
+            raise OSError("no such host")
+        return await resolve(host, port)
+
+    a.channel._resolve = slow_resolve  # type: ignore[method-assign]
+    try:
+        a.channel.send("freed")
+        await until(lambda: b.woken == 1 and resolving.is_set())
+        a.channel.send("freed")  # while the first burst waits on "slow"
+        resolving.clear()
+        answer.set()
+        await until(lambda: b.woken == 2)
+    finally:
+        await a.channel.aclose()
+        await b.channel.aclose()
+
+
 async def test_a_stop_flushes_the_hints_of_its_last_frees() -> None:
     peers: dict[str, str] = {}
     a, b = Peer("a", peers), Peer("b", peers)

@@ -131,7 +131,14 @@ class HintChannel(asyncio.DatagramProtocol):
         self._sending = asyncio.get_running_loop().create_task(self._send_burst())
 
     async def _send_burst(self) -> None:
-        await asyncio.sleep(COALESCE)
+        # A hint asked for while a burst is being sent (it may wait on a
+        # peer's name to resolve) gets a burst of its own after it: the one
+        # being sent took its reasons before that free happened.
+        while self._pending:
+            await asyncio.sleep(COALESCE)
+            await self._send_one_burst()
+
+    async def _send_one_burst(self) -> None:
         pending, self._pending = self._pending, set()
         # "joined" matters more than "freed" to nobody: the receiver does the
         # same either way; the reason is for its logs.
