@@ -44,8 +44,9 @@ def least_first(shards: list[int], node: str = NODE) -> tuple[int, ...]:
 
 
 def held(shard: int, *, active: bool = True, opened: bool = True,
-         adopted: bool = False) -> Held:
-    return Held(shard=shard, active=active, opened=opened, adopted=adopted)
+         adopted: bool = False, claimed_in: int = 0) -> Held:
+    return Held(shard=shard, active=active, opened=opened, adopted=adopted,
+                claimed_in=claimed_in)
 
 
 def free(shard: int, free_for: float = 0.0, cooling_until: float | None = None) -> Candidate:
@@ -116,6 +117,17 @@ def _release_cases() -> list[tuple[View, tuple[int, ...]]]:
         # shrank to 4 with 2 live (share 2): 6 goes, then the least preferred of 0..2.
         (view(shards=4, held=(held(6), held(0), held(1), held(2))),
          (6, *least_first([0, 1, 2])[:1])),
+        # share 2: of four opened, the two claimed last go, whatever the
+        # preference (taken while their node was away: it is back).
+        (view(live=4, held=(held(0), held(1, claimed_in=9), held(2), held(3, claimed_in=7))),
+         (1, 3)),
+        # share 2: claimed in the same round, the least preferred of those goes.
+        (view(live=4, held=(held(0), held(1, claimed_in=9), held(2, claimed_in=9))),
+         least_first([1, 2])[:1]),
+        # share 2: not opened goes before a newer opened one; adopted stay, however new.
+        (view(live=4, held=(held(0, claimed_in=1), held(1, claimed_in=9),
+                            held(2, opened=False), held(3, adopted=True, claimed_in=12))),
+         (2, 1)),
     ]
     return cases
 
@@ -130,6 +142,9 @@ def _release_cases() -> list[tuple[View, tuple[int, ...]]]:
     "a stopping node releases every active shard, adopted last",
     "shards beyond a shrunk shard count are released and not counted in the share",
     "shards beyond the count go first, then the excess among the rest",
+    "above the share the shards claimed last are released first",
+    "claimed in one round, the least preferred of them goes first",
+    "not opened, then claimed last, then adopted",
 ])
 def test_release(v: View, release: tuple[int, ...]) -> None:
     # The cases that rely on preference order need distinct scores.

@@ -78,6 +78,9 @@ class Held:
     #: When the runner closed it (monotonic): a node-mode lease its epoch
     #: keeps must be freed within a TTL of that, or the epoch is given up.
     closed_at: float | None = None
+    #: The round of this node that claimed it (placement gives back the
+    #: newest first).
+    claimed_in: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def wrote(self, lease: Lease, version: str, now: float) -> None:

@@ -733,7 +733,8 @@ class PlacementLoop:
 
     def _placement_held(self) -> list[placement.Held]:
         return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
-                               opened=self.runner.state(s) not in (State.WAITING, None))
+                               opened=self.runner.state(s) not in (State.WAITING, None),
+                               claimed_in=h.claimed_in)
                 for s, h in self.held.items()]
 
     def _plan(self, leases: dict[int, Stored[Lease]] | None, live: int, *,
@@ -872,7 +873,7 @@ class PlacementLoop:
             self.held[shard] = held
             return True
         self.held[shard] = Held(lease, version, adopted=adopted,
-                                changed_at=self.clock.monotonic())
+                                changed_at=self.clock.monotonic(), claimed_in=self.rounds)
         self.view.claimed(shard, lease)
         try:
             self.runner.start(shard, generation, deadline)

@@ -12,8 +12,12 @@ A round's plan (`plan`):
 1. the fair share, ceil(shards / live nodes); 0 while stopping;
 2. release the held shards at or above the shard count (it shrank), then the
    held shards above the share, cheapest first: not yet opened (nothing to
-   close), then the ones this node likes least (so it keeps the ones it would
-   claim), adopted ones last (a peer's host may have refused them); at most
+   close), then the ones claimed last (a node above its share holds shards
+   it took while their node was away: back from a restart, that node gets
+   its own shards back, with their caches or the data on its volume, and a
+   rolling restart ends where it began), then the ones this node likes least
+   (so it keeps the ones it would claim), adopted ones last (a peer's host
+   may have refused them); at most
    `max_moves` of the latter per round, if set (`maxMovesPerRound`: a large
    scale change spread over rounds);
 3. claim the shards kept for this node by name (a pod back from a restart
@@ -109,6 +113,9 @@ class Held:
     opened: bool
     #: Claimed above the share (it was free for longer than a TTL).
     adopted: bool
+    #: The round of this node that claimed it: of the shards above the
+    #: share, the newest go first.
+    claimed_in: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,8 +232,8 @@ def _excess(node: str, keep: list[Held], share: int) -> tuple[int, ...]:
     if excess <= 0:
         return ()
 
-    def cost(h: Held) -> tuple[bool, bool, int]:
-        return (h.adopted, h.opened, preference(node, h.shard))
+    def cost(h: Held) -> tuple[bool, bool, int, int]:
+        return (h.adopted, h.opened, -h.claimed_in, preference(node, h.shard))
 
     return tuple(h.shard for h in sorted(keep, key=cost)[:excess])
 
