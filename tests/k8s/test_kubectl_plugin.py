@@ -97,9 +97,21 @@ async def test_kubectl_shardlease_shows_owners_lookups_and_a_description(
             if line.startswith("db-")}
     assert pods["db-0"][:2] == ["2", "127.0.0.1"] and pods["db-9"][-1] == "NO"
     assert "Reserved:" not in text  # handoff: move, nothing kept
+    assert "Last rollout" not in text  # none counted yet
+
+    # The operator counted a rollout: its moves.
+    custom = client.CustomObjectsApi(api_client)
+    await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "db", {"status": {"lastRollout": {
+            "revision": "db-7f9c", "startedAt": "2026-11-30T11:58:00Z",
+            "finishedAt": "2026-11-30T11:59:00Z", "moves": 6}}},
+        _content_type="application/merge-patch+json")
+    text = kubectl(kubeconfig, "shardlease", "describe", "db", "-n", namespace).stdout
+    line = next(x for x in text.splitlines() if x.startswith("Last rollout:"))
+    assert line.startswith("Last rollout: to db-7f9c, started ") and line.endswith(
+        "ago: 6 move(s)") and " done " in line, line
 
     # handoff: hold, and a pod being replaced: what is kept for it.
-    custom = client.CustomObjectsApi(api_client)
     await custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "db", {"spec": {"handoff": "hold", "holdSeconds": 45}},
         _content_type="application/merge-patch+json")

@@ -20,7 +20,9 @@ backoff, from the newest body seen, until it succeeds or the object changes.
 - pods of opted-in StatefulSets get the agent sidecar (webhook, fails open);
   the webhook reads a StatefulSet it has not seen yet from the API server (a
   pod created right after its StatefulSet, as GitOps tools do), and Ready pods
-  found without the agent are reported (`AgentsInjected=False` and an Event).
+  found without the agent are reported (`AgentsInjected=False` and an Event);
+- a rollout of an opted-in StatefulSet: its moves counted in the ShardSet's
+  `status.lastRollout` (shardlease.k8s.rollouts).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from shardlease.k8s.inject import (
 from shardlease.k8s.leader import LeaderElector
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.operator_http import OperatorMetrics, ProbeServer
+from shardlease.k8s.rollouts import Rollout, Tracking
+from shardlease.k8s.rollouts import step as rollout_step
 from shardlease.k8s.spec import (
     SHARDS,
     agent_config_from_annotations,
@@ -88,6 +92,8 @@ class Operator:
         #: Every ShardSet as last seen, to mark statuses nobody refreshes.
         self.shardsets: dict[tuple[str, str], dict[str, Any]] = {}
         self._stale_watch: asyncio.Task[None] | None = None
+        #: (namespace, name) -> the rollout being counted (while leading).
+        self.rollouts: dict[tuple[str, str], Tracking] = {}
         self.metrics = OperatorMetrics()
         #: Set once every StatefulSet was listed: the webhook's answers are then
         #: complete (readiness waits for it).
@@ -172,6 +178,7 @@ class Operator:
                 self.metrics.shardsets.set(len(self.shardsets))
                 if self.leading():
                     await self.update_ready(dict(body))
+                    await self.count_rollout(key)
                 if self._stale_watch is None:  # in kopf's context (see _retrier)
                     self._stale_watch = asyncio.create_task(self._mark_stale_statuses(),
                                                             name="shardlease-stale")
@@ -298,6 +305,8 @@ class Operator:
             self.latest.pop(key, None)
             return
         self.latest[key] = sts
+        if self.leading() and key in self.shardsets:
+            await self.count_rollout(key)
         if self.elector is not None and self._campaign is None:
             # From a resource handler: it inherits kopf's context (see _retrier).
             self._campaign = asyncio.create_task(self.elector.run(self._lead),
@@ -378,6 +387,45 @@ class Operator:
                 except Exception as e:
                     logger.warning("ShardSet %s/%s: cannot mark the status stale: %s",
                                    ns, name, e)
+
+    async def count_rollout(self, key: tuple[str, str]) -> None:
+        """The moves of the StatefulSet's rollout, into `status.lastRollout`
+        (a failure to write is logged and written with the next change)."""
+        sts, shardset = self.latest.get(key), self.shardsets.get(key)
+        if sts is None or shardset is None:
+            return
+        tracking, record = rollout_step(self.rollouts.get(key), sts, shardset,
+                                        dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if tracking is None:
+            self.rollouts.pop(key, None)
+        else:
+            self.rollouts[key] = tracking
+        if record is not None and not await self._write_rollout(*key, record) \
+                and tracking is None:
+            # A finished record not written: kept, so that the next event writes it.
+            self.rollouts[key] = Tracking(record=record)
+
+    async def _write_rollout(self, ns: str, name: str, record: Rollout) -> bool:
+        try:
+            code, answer = await self._call(
+                "PATCH", self._shardset_path(ns, name) + "/status",
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+                 "metadata": {"name": name, "namespace": ns},
+                 "status": {"lastRollout": record.wire()}},
+                "application/apply-patch+yaml", allow=(404, 409, 422),
+                query=[("fieldManager", "shardlease-operator-rollout"), ("force", "true")])
+        except Exception as e:  # informational: the next event writes it again
+            logger.warning("ShardSet %s/%s: cannot write the rollout's moves: %s", ns, name, e)
+            return False
+        if code >= 400:
+            if code != 404:
+                logger.warning("ShardSet %s/%s: cannot write the rollout's moves: %s %s", ns,
+                               name, code, answer.get("message", ""))
+            return False
+        if record.finished_at is not None:
+            logger.info("ShardSet %s/%s: rollout to %s done, %d move(s)", ns, name,
+                        record.revision, record.moves)
+        return True
 
     async def update_ready(self, shardset: dict[str, Any]) -> None:
         """Ready: configured, balanced, and no Ready pod without its agent; the

@@ -27,6 +27,7 @@ from typing import Any
 
 from shardlease.errors import PluginError as PluginError  # (re-exported: its old home)
 from shardlease.errors import ShardleaseError
+from shardlease.k8s.rollouts import Rollout
 from shardlease.owners import OwnerRow, owners_table
 from shardlease.routing import shard_for_key
 from shardlease.stores.kubernetes import api_client, call
@@ -186,6 +187,12 @@ async def describe(view: View) -> str:
                            [(pod, " ".join(map(str, sorted(shards))))
                             for pod, shards in sorted(by_pod.items())])
                      if by_pod else "  (none)")
+    rollout = Rollout.parse(status.get("lastRollout"))
+    if rollout is not None:
+        when = (f"done {ago(rollout.finished_at, now)} ago" if rollout.finished_at
+                else "going on")
+        lines += ["", f"Last rollout: to {rollout.revision}, started "
+                  f"{ago(rollout.started_at, now)} ago, {when}: {rollout.moves} move(s)"]
     lines += ["", "Conditions:"]
     conds = [(c.get("type", ""), c.get("status", ""), c.get("reason", ""),
               ago(c.get("lastTransitionTime"), now), c.get("message", ""))
