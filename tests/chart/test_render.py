@@ -112,6 +112,16 @@ def test_schema_rejects_a_bad_value(helm, flag, value):
         assert "values don't meet the specifications of the schema" in out, out
 
 
+def test_isolation_can_be_turned_off_and_names_the_operators_account(helm):
+    off = helm.template("--set", "isolation.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    on = helm.template("--set", "serviceAccount.name=ops")
+    leases = next(d for d in on if d["kind"] == "ValidatingAdmissionPolicy"
+                  and d["metadata"]["name"] == "shardlease-isolation-leases")
+    conditions = {c["name"]: c["expression"] for c in leases["spec"]["matchConditions"]}
+    assert "'system:serviceaccount:shardlease-system:ops'" in conditions["not-by-the-operator"]
+
+
 def test_values_yaml_is_valid_json_schema_and_the_defaults_pass(helm):
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -135,6 +145,10 @@ def test_default_render_has_exactly_the_expected_objects(docs):
         ("ClusterRole", AGENT_ROLE),
         ("ClusterRole", OPERATOR_ROLE),
         ("ClusterRoleBinding", OPERATOR_ROLE),
+        ("ValidatingAdmissionPolicy", "shardlease-isolation-leases"),
+        ("ValidatingAdmissionPolicy", "shardlease-isolation-status"),
+        ("ValidatingAdmissionPolicyBinding", "shardlease-isolation-leases"),
+        ("ValidatingAdmissionPolicyBinding", "shardlease-isolation-status"),
         ("Deployment", "shardlease"),
         ("MutatingWebhookConfiguration", "shardlease"),
         ("PodDisruptionBudget", "shardlease"),
@@ -145,8 +159,8 @@ def test_default_render_has_exactly_the_expected_objects(docs):
         ("ServiceAccount", "shardlease"),
     ])
     for d in docs:
-        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding",
-                             "MutatingWebhookConfiguration"):
+        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             assert d["metadata"]["namespace"] == "shardlease-system", d["metadata"]
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
 

@@ -127,6 +127,8 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
                 return None
         shardset = await eventually(shardset_created, "the operator to create the ShardSet")
         assert shardset["spec"]["shards"] == SHARDS
+        # Its agents' account, named for the isolation policy (tests/k8s/test_isolation.py).
+        assert shardset["metadata"]["labels"]["shardlease.io/service-account"] == "db-app"
         assert shardset["spec"]["store"] == f"kubernetes://{namespace}"
         assert shardset["spec"]["selector"] == {"app": "db"}
         refs = shardset["metadata"]["ownerReferences"]

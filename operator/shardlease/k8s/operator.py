@@ -32,6 +32,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import re
 from typing import Any, cast
 
 import kopf
@@ -67,6 +68,20 @@ GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 AGENT_ROLE = "shardlease-agent"
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 MANAGED = {"app.kubernetes.io/managed-by": "shardlease"}
+#: On a ShardSet: the ServiceAccount its agents run as, the one the chart's
+#: isolation policy (ValidatingAdmissionPolicy) lets write its Leases and
+#: its status. Only the operator writes ShardSets' metadata: the agents may
+#: patch the status subresource only, which cannot change a label.
+SERVICE_ACCOUNT = "shardlease.io/service-account"
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def shardset_labels(account: str) -> dict[str, str]:
+    """A ShardSet's labels: managed by shardlease, and its agents' account
+    (left out when the name does not fit a label value)."""
+    if len(account) <= 63 and _LABEL_VALUE.match(account):
+        return {**MANAGED, SERVICE_ACCOUNT: account}
+    return dict(MANAGED)
 
 
 class Operator:
@@ -496,7 +511,7 @@ class Operator:
         allowed = account != "default" or default_account_allowed(sts)
         desired = (spec.to_body(), account, allowed, meta.get("uid"))
         if self.applied.get(key) != desired:
-            await self._apply_shardset(sts, spec.to_body())
+            await self._apply_shardset(sts, spec.to_body(), account)
             if allowed:
                 await self._apply_rolebinding(sts, account)
                 await self._set_condition(
@@ -583,14 +598,20 @@ class Operator:
         refs = (body.get("metadata") or {}).get("ownerReferences") or []
         return any(r.get("uid") == uid for r in refs)
 
-    async def _apply_shardset(self, sts: dict[str, Any], spec: dict[str, Any]) -> None:
+    async def _apply_shardset(self, sts: dict[str, Any], spec: dict[str, Any],
+                              account: str) -> None:
         meta = sts["metadata"]
         ns, name = meta["namespace"], meta["name"]
+        labels = shardset_labels(account)
+        if SERVICE_ACCOUNT not in labels:
+            logger.warning("ShardSet %s/%s: the ServiceAccount name %r does not fit a label "
+                           "value (63 characters): the isolation policy cannot name it", ns,
+                           name, account)
         for _ in range(5):
             status, current = await self._call("GET", self._shardset_path(ns, name))
             if status == 404:
                 body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
-                        "metadata": {"name": name, "namespace": ns, "labels": MANAGED,
+                        "metadata": {"name": name, "namespace": ns, "labels": labels,
                                      "ownerReferences": [self._owner_ref(sts)]},
                         "spec": spec}
                 status, _ = await self._call("POST", self._shardset_path(ns), body)
@@ -598,9 +619,13 @@ class Operator:
                     logger.info("created ShardSet %s/%s", ns, name)
                     return
                 continue
-            if current.get("spec") == spec:
+            cmeta = current.setdefault("metadata", {})
+            old_labels = cmeta.get("labels") or {}
+            # (Other labels are the user's; ours are set, a stale account label removed.)
+            new_labels = {k: v for k, v in old_labels.items() if k != SERVICE_ACCOUNT} | labels
+            if current.get("spec") == spec and old_labels == new_labels:
                 return
-            current["spec"] = spec
+            current["spec"], cmeta["labels"] = spec, new_labels
             status, _ = await self._call("PUT", self._shardset_path(ns, name), current)
             if status != 409:
                 logger.info("updated ShardSet %s/%s", ns, name)

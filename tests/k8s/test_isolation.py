@@ -1,0 +1,192 @@
+"""The chart's isolation policies (templates/isolation.yaml) on a real
+kube-apiserver: two ShardSets in one namespace, each with its agents'
+ServiceAccount bound to the chart's agent role. Acting as A's account, every
+write to B's Leases (by name, by label, relabelled) and to B's status is
+refused with the policy's message, and so is any Lease that is not a
+shardlease one; A's own writes and B's own keep working.
+
+The policies are the ones `helm template` renders, bound to this test's
+namespace only (the API server is shared with the other tests)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+
+from .conftest import cpmod
+from .scenario import (
+    CHART,
+    apply_cluster_roles,
+    apply_crd,
+    bind_cluster_role,
+    chart_cluster_roles,
+    delete_cluster_roles,
+    eventually,
+    service_account_kubeconfig,
+)
+
+GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+AGENT_ROLE = "shardlease-agent"
+
+pytestmark = pytest.mark.slow
+
+
+def chart_policies(helm: str, home: Path) -> list[dict[str, Any]]:
+    import subprocess
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CONFIG_HOME": str(home / "c"),
+           "HELM_CACHE_HOME": str(home / "k"), "HELM_DATA_HOME": str(home / "d")}
+    out = subprocess.run([helm, "template", "shardlease", str(CHART), "--namespace",
+                          "shardlease-system"], env=env, check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    return [d for d in yaml.safe_load_all(out) if d and d.get("kind") in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+
+
+@contextlib.asynccontextmanager
+async def policies_in(api: client.ApiClient, namespace: str,
+                      docs: list[dict[str, Any]]) -> AsyncIterator[None]:
+    """The chart's policies under names of this test, bound to `namespace` only."""
+    adm = client.AdmissionregistrationV1Api(api)
+    made: list[tuple[str, str]] = []
+    try:
+        for doc in docs:
+            doc = dict(doc)
+            doc["metadata"] = {**doc["metadata"], "name": f"{doc['metadata']['name']}-{namespace}"}
+            if doc["kind"] == "ValidatingAdmissionPolicy":
+                await adm.create_validating_admission_policy(doc)
+            else:
+                spec = dict(doc["spec"])
+                spec["policyName"] = f"{spec['policyName']}-{namespace}"
+                spec["matchResources"] = {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": namespace}}}
+                doc["spec"] = spec
+                await adm.create_validating_admission_policy_binding(doc)
+            made.append((doc["kind"], doc["metadata"]["name"]))
+        yield
+    finally:
+        for kind, name in reversed(made):
+            with contextlib.suppress(client.ApiException):
+                if kind == "ValidatingAdmissionPolicy":
+                    await adm.delete_validating_admission_policy(name)
+                else:
+                    await adm.delete_validating_admission_policy_binding(name)
+
+
+async def client_for(kubeconfig: str) -> client.ApiClient:
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return client.ApiClient(configuration=cfg)
+
+
+def lease(name: str, cluster: str | None) -> dict[str, Any]:
+    labels = {"shardlease.io/cluster": cluster} if cluster else {}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "labels": labels}, "spec": {"holderIdentity": "x"}}
+
+
+async def refused(call: Any, *args: Any, **kwargs: Any) -> str:
+    """The message of the 403 a call gets (fails if it is not refused)."""
+    try:
+        await call(*args, **kwargs)
+    except client.ApiException as e:
+        assert e.status == 403, (e.status, e.body)
+        return str(e.body)
+    raise AssertionError(f"{getattr(call, '__name__', call)}{args[:2]} was allowed")
+
+
+async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    api, ns = api_client, namespace
+    helm = str(cpmod.ensure_binaries(("helm",))["helm"])
+    await apply_crd(api)
+    created = await apply_cluster_roles(api, chart_cluster_roles(helm, tmp_path))
+    custom = client.CustomObjectsApi(api)
+    try:
+        configs = {}
+        for name in ("a", "b"):
+            account = f"sa-{name}"
+            # As the operator makes them: labelled with the agents' account.
+            await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
+                "metadata": {"name": name, "labels": {
+                    "app.kubernetes.io/managed-by": "shardlease",
+                    "shardlease.io/service-account": account}},
+                "spec": {"statefulSet": name, "shards": 2, "store": f"kubernetes://{ns}"}})
+            configs[name] = await service_account_kubeconfig(
+                api, kubeconfig, ns, account, tmp_path / f"{account}.kubeconfig")
+            await bind_cluster_role(api, ns, AGENT_ROLE, account)
+        admin = client.CoordinationV1Api(api)
+        await admin.create_namespaced_lease(ns, lease("other-app-leader", None))
+        async with policies_in(api, ns, chart_policies(helm, tmp_path)):
+            a_api, b_api = await client_for(configs["a"]), await client_for(configs["b"])
+            try:
+                a, b = client.CoordinationV1Api(a_api), client.CoordinationV1Api(b_api)
+                # B's agents write B's lease (and may, once the policy is in force).
+                await b.create_namespaced_lease(ns, lease("shardlease.b.shard.0", "b"))
+
+                async def in_force() -> str | None:
+                    try:
+                        await a.create_namespaced_lease(ns, lease("shardlease.b.shard.1", "a"))
+                    except client.ApiException as e:
+                        return str(e.body) if e.status == 403 else None
+                    await admin.delete_namespaced_lease("shardlease.b.shard.1", ns)
+                    return None
+                msg = await eventually(in_force, "the policy to refuse A a lease named B's", 60)
+                assert "belongs to ShardSet b" in msg and "sa-b" in msg, msg
+
+                # A's own leases: created, changed, deleted.
+                mine = await a.create_namespaced_lease(ns, lease("shardlease.a.shard.0", "a"))
+                mine.spec.holder_identity = "a-0"
+                await a.replace_namespaced_lease("shardlease.a.shard.0", ns, mine)
+                await a.create_namespaced_lease(ns, lease("shardlease.a.node.a-0", "a"))
+                await a.delete_namespaced_lease("shardlease.a.node.a-0", ns)
+
+                # B's: changed, relabelled, deleted, or made under another name.
+                theirs = await admin.read_namespaced_lease("shardlease.b.shard.0", ns)
+                theirs.spec.holder_identity = "a-0"
+                assert "belongs to ShardSet b" in await refused(
+                    a.replace_namespaced_lease, "shardlease.b.shard.0", ns, theirs)
+                theirs.metadata.labels = {"shardlease.io/cluster": "a"}
+                assert "belongs to ShardSet b" in await refused(
+                    a.replace_namespaced_lease, "shardlease.b.shard.0", ns, theirs)
+                assert "belongs to ShardSet b" in await refused(
+                    a.patch_namespaced_lease, "shardlease.b.shard.0", ns,
+                    {"metadata": {"labels": {"shardlease.io/cluster": None}}})
+                assert "belongs to ShardSet b" in await refused(
+                    a.delete_namespaced_lease, "shardlease.b.shard.0", ns)
+                assert "belongs to ShardSet b" in await refused(
+                    a.create_namespaced_lease, ns, lease("shardlease-h.shard.0123abcd", "b"))
+                # No Lease that is not a shardlease one (another app's leader election).
+                other = await refused(a.patch_namespaced_lease, "other-app-leader", ns,
+                                      {"spec": {"holderIdentity": "a-0"}})
+                assert "may change only shardlease Leases" in other, other
+                assert "may change only shardlease Leases" in await refused(
+                    a.create_namespaced_lease, ns, lease("my-leader", None))
+                # B's lease is as B left it; B still changes it.
+                kept = await b.read_namespaced_lease("shardlease.b.shard.0", ns)
+                assert kept.spec.holder_identity == "x"
+                assert kept.metadata.labels == {"shardlease.io/cluster": "b"}
+                kept.spec.holder_identity = "b-0"
+                await b.replace_namespaced_lease("shardlease.b.shard.0", ns, kept)
+
+                # The published owners: A's agents publish A's only.
+                a_custom = client.CustomObjectsApi(a_api)
+                forged = {"status": {"owners": {"0": "a-0"}, "publishedBy": "a-0"}}
+                status = await refused(a_custom.patch_namespaced_custom_object_status,
+                                       GROUP, VERSION, ns, PLURAL, "b", forged,
+                                       _content_type="application/merge-patch+json")
+                assert "status of ShardSet b is published by its agents" in status, status
+                await a_custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, PLURAL, "a", forged,
+                    _content_type="application/merge-patch+json")
+            finally:
+                await a_api.close()
+                await b_api.close()
+    finally:
+        await delete_cluster_roles(api, created)
