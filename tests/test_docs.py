@@ -1,0 +1,66 @@
+"""The README's annotation table says what the code does: every annotation
+the code knows is in it and nothing else, and each default it gives is the
+one a StatefulSet with no such annotation gets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from shardlease.k8s.spec import DEFAULT_HOST_URL, KNOWN, MAX_SHARDS, spec_from_annotations
+from shardlease.records import MAX_HOLD
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def annotation_table() -> dict[str, tuple[str, str]]:
+    """annotation (without the prefix) -> (default, meaning), as the README says."""
+    text = README.read_text()
+    table = text.split("### Annotations", 1)[1].split("\n\n", 2)[1]
+    rows: dict[str, tuple[str, str]] = {}
+    for line in table.splitlines()[2:]:
+        names, default, meaning = (c.strip() for c in line.strip("|").split("|", 2))
+        for name in re.findall(r"`(?:shardlease\.io/)?([a-z-]+)`", names):
+            rows[name] = (default, meaning)
+    return rows
+
+
+def defaults() -> dict[str, object]:
+    sts = {"metadata": {"name": "db", "namespace": "ns",
+                        "annotations": {"shardlease.io/shards": "4"}},
+           "spec": {"selector": {"matchLabels": {"app": "db"}}}}
+    spec = spec_from_annotations(sts)
+    assert spec is not None
+    options = spec.options(name="db-0", cluster="db")
+    ttl = options.lease_ttl
+    return {
+        "store": spec.store.replace("//ns", "//<namespace>"),
+        "lease-ttl": f"{ttl:g}",
+        "interval": "lease-ttl/3" if options.interval_s == ttl / 3 else options.interval_s,
+        "margin": "lease-ttl/6" if options.margin_s == ttl / 6 else options.margin_s,
+        "max-concurrency": str(options.max_concurrency),
+        "max-moves-per-round": "no cap" if options.max_moves_per_round is None
+        else str(options.max_moves_per_round),
+        "renewal": options.renewal,
+        "handoff": spec.handoff,
+        "hold-seconds": f"{spec.hold_seconds:g}",
+        "host-url": spec.host.url or DEFAULT_HOST_URL,
+    }
+
+
+def test_every_annotation_the_code_knows_is_in_the_table_and_no_other() -> None:
+    assert set(annotation_table()) == KNOWN
+
+
+@pytest.mark.parametrize("name", sorted(defaults()))
+def test_the_tables_default_is_the_codes(name: str) -> None:
+    default = annotation_table()[name][0].strip("`")
+    assert default == defaults()[name], f"README says {default!r} for shardlease.io/{name}"
+
+
+def test_the_tables_limits_are_the_codes() -> None:
+    rows = annotation_table()
+    assert f"1 to {MAX_SHARDS}" in rows["shards"][1]
+    assert f"at most {MAX_HOLD:g}" in rows["hold-seconds"][1]
