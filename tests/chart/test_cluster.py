@@ -158,6 +158,33 @@ def test_webhook_fails_open_while_no_operator_serves_it(cluster, kubectl):
     assert [c["name"] for c in created["spec"]["containers"]] == ["app"]
 
 
+def test_the_webhook_receives_only_the_pods_of_statefulsets(cluster, kubectl):
+    # With failurePolicy Fail and no operator to answer, a pod sent to the
+    # webhook is refused: so a pod created is one the API server never sent.
+    patch = json.dumps([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}])
+    kubectl.run("patch", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "--type=json",
+                "-p", patch)
+    try:
+        def pod(name: str, owner: str | None) -> str:
+            meta: dict = {"name": name}
+            if owner:
+                meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner,
+                                            "name": "web", "uid": str(uuid.uuid4()),
+                                            "controller": True}]
+            return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                               "spec": {"containers": [{"name": "app", "image": "busybox"}]}})
+        for name, owner in (("bare", None), ("of-a-replicaset", "ReplicaSet")):
+            kubectl.run("create", "-n", cluster.app, "-f", "-", input=pod(name, owner),
+                        timeout=30)
+        sent = kubectl.run("create", "-n", cluster.app, "-f", "-", input=pod("web-0",
+                           "StatefulSet"), timeout=30, check=False)
+        assert sent.returncode != 0 and "inject-agent.shardlease.io" in sent.stderr, sent.stderr
+    finally:
+        patch = patch.replace('"Fail"', '"Ignore"')
+        kubectl.run("patch", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "--type=json",
+                    "-p", patch)
+
+
 # -- RBAC ------------------------------------------------------------------------------------
 
 # Where a check is made: the app namespace (agent's RoleBinding), another one,

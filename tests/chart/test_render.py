@@ -122,6 +122,33 @@ def test_isolation_can_be_turned_off_and_names_the_operators_account(helm):
     assert "'system:serviceaccount:shardlease-system:ops'" in conditions["not-by-the-operator"]
 
 
+def test_watched_namespaces_scope_the_operator_and_the_webhook(helm):
+    default = helm.template()
+    hook = one(default, "MutatingWebhookConfiguration", "shardlease")["webhooks"][0]
+    assert [e["operator"] for e in hook["namespaceSelector"]["matchExpressions"]] == [
+        "NotIn", "NotIn"]
+    assert "StatefulSet" in hook["matchConditions"][0]["expression"]
+    scoped = helm.template("--set", "watchNamespaces={shop,billing}")
+    hook = one(scoped, "MutatingWebhookConfiguration", "shardlease")["webhooks"][0]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "In",
+            "values": ["shop", "billing"]} in hook["namespaceSelector"]["matchExpressions"]
+    args = one(scoped, "Deployment", "shardlease")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[:4] == ["operator", "--leader-election", "--namespace=shop",
+                        "--namespace=billing"]
+
+
+def test_the_replicas_prefer_different_nodes_unless_told_otherwise(helm):
+    spec = one(helm.template(), "Deployment", "shardlease")["spec"]["template"]["spec"]
+    term = spec["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/name"] == "shardlease"
+    mine = helm.template("--set", "affinity.nodeAffinity.x=y")
+    spec = one(mine, "Deployment", "shardlease")["spec"]["template"]["spec"]
+    assert spec["affinity"] == {"nodeAffinity": {"x": "y"}}
+
+
 def test_values_yaml_is_valid_json_schema_and_the_defaults_pass(helm):
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
