@@ -197,6 +197,54 @@ async def test_the_default_service_account_is_refused_and_missing_agents_are_rep
             webhook)
 
 
+async def test_pods_running_an_older_agent_are_reported_until_recreated(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    api = api_client
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    await apply_crd(api)
+    body = statefulset("db", namespace, {"shardlease.io/shards": "4"})
+    body["spec"]["template"]["spec"]["serviceAccountName"] = "db-app"
+    sts = api.sanitize_for_serialization(await apps.create_namespaced_stateful_set(namespace, body))
+    # Injected by an earlier release of the operator (before this one runs).
+    for i, image in ((0, "shardlease:old"), (1, "shardlease:test")):
+        pod = pod_for(sts, i)
+        pod["spec"]["containers"].append({"name": AGENT, "image": image})
+        await core.create_namespaced_pod(namespace, pod)
+        await mark_ready(api, namespace, f"db-{i}")
+    proc, webhook = await start_operator(api, namespace, kubeconfig, tmp_path)
+    try:
+        async def current(status: str) -> dict[str, Any] | None:
+            c = (await conditions(api, namespace, "db")).get("AgentsCurrent")
+            return c if c and c["status"] == status else None
+        old = await eventually(lambda: current("False"), "AgentsCurrent=False for db-0")
+        assert old["reason"] == "AgentOutdated"
+        assert "db-0 (shardlease:old)" in old["message"] and "db-1" not in old["message"], old
+        assert "shardlease:test" in old["message"]
+        # Recreated, it gets the agent the operator injects now.
+        await core.delete_namespaced_pod("db-0", namespace, grace_period_seconds=0)
+        await eventually(lambda: _gone(core, namespace, "db-0"), "db-0 deleted")
+        created = await core.create_namespaced_pod(namespace, pod_for(sts, 0))
+        assert has_agent(created)
+        await mark_ready(api, namespace, "db-0")
+        # (A pod's readiness reaches the operator through its StatefulSet's status.)
+        await apps.patch_namespaced_stateful_set_status("db", namespace, {"status": {
+            "replicas": 2, "readyReplicas": 2}})
+        now = await eventually(lambda: current("True"), "AgentsCurrent=True once recreated")
+        assert "shardlease:test" in now["message"]
+    finally:
+        proc.stop()
+        await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
+            webhook)
+
+
+async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        await core.read_namespaced_pod(name, namespace)
+    except client.ApiException as e:
+        return e.status == 404
+    return False
+
+
 async def test_a_reconciliation_that_failed_is_retried_until_it_succeeds(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
     """kopf never retries an event handler: the operator must. Here the

@@ -74,6 +74,27 @@ def has_agent(pod: dict[str, Any]) -> bool:
                for c in (spec.get("containers") or []) + (spec.get("initContainers") or []))
 
 
+def agent_image(pod: dict[str, Any]) -> str | None:
+    """The image of the pod's agent container, or None if it has none."""
+    spec = pod.get("spec") or {}
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        if c.get("name") == AGENT:
+            image = c.get("image")
+            return image if isinstance(image, str) else ""
+    return None
+
+
+def outdated_agents(pods: list[dict[str, Any]], current: str) -> dict[str, str]:
+    """pod name -> agent image, for the pods whose agent is not `current`
+    (the image the operator injects now: they were created before an upgrade)."""
+    out = {}
+    for p in pods:
+        image = agent_image(p)
+        if image is not None and image != current:
+            out[(p.get("metadata") or {}).get("name", "")] = image
+    return dict(sorted(out.items()))
+
+
 def native_sidecars_supported(major: str, minor: str) -> bool:
     """From /version's major and minor ("1", "29+" on some distributions)."""
     try:

@@ -44,6 +44,7 @@ from shardlease.k8s.inject import (
     has_agent,
     inject,
     native_sidecars_supported,
+    outdated_agents,
     owner_statefulset,
 )
 from shardlease.k8s.leader import LeaderElector
@@ -99,6 +100,8 @@ class Operator:
         self.namespaces = namespaces or []
         #: (namespace, statefulset) -> the pods last reported without the agent.
         self.missing: dict[tuple[str, str], tuple[str, ...]] = {}
+        #: (namespace, statefulset) -> pod -> the older agent image it was last reported with.
+        self.outdated: dict[tuple[str, str], dict[str, str]] = {}
         self.applied: dict[tuple[str, str], Any] = {}
         #: (namespace, statefulset) -> (newest body, delay, when to retry): failed reconciles.
         self.retries: dict[tuple[str, str], tuple[dict[str, Any], float, float]] = {}
@@ -315,6 +318,7 @@ class Operator:
             # The ShardSet and RoleBinding are owned by it: the garbage
             # collector removes them.
             self.missing.pop(key, None)
+            self.outdated.pop(key, None)
             self.applied.pop(key, None)
             self.retries.pop(key, None)
             self.latest.pop(key, None)
@@ -547,10 +551,11 @@ class Operator:
                                       f"{selector}")
         if code != 200:
             return
-        missing = tuple(sorted(
-            p["metadata"]["name"] for p in pods.get("items") or []
-            if owner_statefulset(p) == name and pod_ready(p) and not has_agent(p)))
+        mine = [p for p in pods.get("items") or [] if owner_statefulset(p) == name]
         key = (ns, name)
+        await self._report_outdated(sts, key, outdated_agents(mine, self.agent_image))
+        missing = tuple(sorted(
+            p["metadata"]["name"] for p in mine if pod_ready(p) and not has_agent(p)))
         if self.missing.get(key) == missing:
             return
         if missing:
@@ -565,6 +570,25 @@ class Operator:
                                       "every Ready pod runs the agent", type_="AgentsInjected")
         self.missing[key] = missing
         self.metrics.pods_without_agent.set(sum(len(m) for m in self.missing.values()))
+
+    async def _report_outdated(self, sts: dict[str, Any], key: tuple[str, str],
+                               outdated: dict[str, str]) -> None:
+        """AgentsCurrent: False while pods run an agent older than the one
+        injected now (the webhook injects at pod creation; an upgrade reaches
+        a pod when it is recreated)."""
+        if self.outdated.get(key) == outdated:
+            return
+        if outdated:
+            pods = ", ".join(f"{pod} ({image})" for pod, image in outdated.items())
+            msg = (f"pod(s) running another agent than {self.agent_image}: {pods}; they get "
+                   "it when recreated (kubectl rollout restart)")
+            kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="AgentOutdated", message=msg)
+            await self._set_condition(*key, "False", "AgentOutdated", msg, type_="AgentsCurrent")
+        else:
+            await self._set_condition(*key, "True", "AgentsCurrent",
+                                      f"every pod with the agent runs {self.agent_image}",
+                                      type_="AgentsCurrent")
+        self.outdated[key] = outdated
 
     def _owner_ref(self, sts: dict[str, Any]) -> dict[str, Any]:
         # No blockOwnerDeletion: it would need update on statefulsets/finalizers
