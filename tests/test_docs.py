@@ -1,6 +1,7 @@
-"""The README's annotation table says what the code does: every annotation
-the code knows is in it and nothing else, and each default it gives is the
-one a StatefulSet with no such annotation gets."""
+"""The docs say what the code does: the README's annotation table (every
+annotation the code knows and nothing else, each default the one a
+StatefulSet without it gets), and examples/README.md's host protocol (the
+one shardlease.hosts.http speaks)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import shardlease.hosts.http
 from shardlease.k8s.spec import DEFAULT_HOST_URL, KNOWN, MAX_SHARDS, spec_from_annotations
 from shardlease.records import MAX_HOLD
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def annotation_table() -> dict[str, tuple[str, str]]:
@@ -64,3 +67,23 @@ def test_the_tables_limits_are_the_codes() -> None:
     rows = annotation_table()
     assert f"1 to {MAX_SHARDS}" in rows["shards"][1]
     assert f"at most {MAX_HOLD:g}" in rows["hold-seconds"][1]
+
+
+def _calls(text: str) -> list[str]:
+    """The protocol's lines (`POST ...` and their continuations), spaces collapsed."""
+    lines, out = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.strip().startswith("POST {base}/"):
+            call = line.strip()
+            for more in lines[i + 1:]:
+                if not more.strip() or more.strip().startswith("POST"):
+                    break
+                call += " " + more.strip()
+            out.append(" ".join(call.split()))
+    return out
+
+
+def test_the_examples_readme_shows_the_host_protocol_the_agent_speaks() -> None:
+    spoken = _calls(shardlease.hosts.http.__doc__ or "")
+    assert len(spoken) == 4, spoken  # open, close, lease, abort
+    assert _calls((ROOT / "examples" / "README.md").read_text()) == spoken
