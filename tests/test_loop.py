@@ -14,7 +14,7 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import RunnerDied
-from shardlease.loop import PlacementLoop, wakes
+from shardlease.loop import PlacementLoop, settles, wakes
 from shardlease.options import Options
 from shardlease.records import Lease, decode_heartbeat, stored_lease
 from shardlease.runner import State
@@ -527,11 +527,33 @@ async def test_a_hint_wakes_the_next_round_at_once_and_the_schedule_goes_on_from
     await claimed()
     await asyncio.sleep(7.3 - now())
     a.loop.hint()
-    await asyncio.sleep(0.01)
-    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [7.3]
+    await asyncio.sleep(0.11)
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [7.4]  # HINT_SETTLE later
     await asyncio.sleep(13 - now())
     # Rounds start every interval from the last one, the hinted one included.
-    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 7.3, 12.3]
+    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 7.4, 12.4]
+    await a.stop()
+
+
+@pytest.mark.parametrize("mode", ["shard", "node"])
+@virtual
+async def test_frees_that_come_together_are_claimed_by_one_woken_round(mode: str) -> None:
+    # b's stop frees its shards as their closes end, a few ms apart; a's
+    # round waits HINT_SETTLE after the first hint and claims them all.
+    backend = MemoryBackend()
+    a = Node("a", backend, renewal=mode, peers=lambda: {"a", "b"})
+    b = Node("b", backend, renewal=mode, peers=lambda: {"a", "b"})
+    b.telemetry.subscribe(lambda ev: a.loop.hint() if isinstance(ev, Release) else None)
+    a.start()
+    b.start()
+    await asyncio.sleep(12.0)
+    assert len(b.opened()) == 2
+    b.host.close_delay = {s: 0.01 * i for i, s in enumerate(sorted(b.opened()))}
+    await b.stop()
+    await asyncio.sleep(0.5)
+    assert a.opened() == {0, 1, 2, 3}
+    hinted = [t for t in round_starts(a, hinted=True) if t >= 12.0]
+    assert len(hinted) == 1, hinted
     await a.stop()
 
 
@@ -570,8 +592,8 @@ async def test_a_hint_during_a_round_asks_for_one_more_round() -> None:
     await asyncio.sleep(0)
     a.loop.hint()
     await asyncio.sleep(2)
-    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [10.0]
-    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 10.0, 10.0]
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [10.1]  # (HINT_SETTLE)
+    assert [round(t, 2) for t in round_starts(a)] == [0.0, 5.0, 10.0, 10.1]
     await a.stop()
 
 
@@ -633,3 +655,32 @@ async def test_a_shard_freed_by_a_stop_is_claimed_at_once_by_a_hinted_peer(mode:
 ])
 def test_which_changes_a_watch_sees_wake_a_round(change: Change, woken: bool) -> None:
     assert wakes(change, "a") is woken
+
+
+@pytest.mark.parametrize(("change", "settle"), [
+    # One free among others (a stop's, a rebalance's): wait for the rest.
+    (Change("lease", "modified", free=True), True),
+    # One write that frees everything it kept, or a peer come or gone: at once.
+    (Change("epoch", "modified", node="b", ended=True), False),
+    (Change("epoch", "deleted", node="b"), False),
+    (Change("heartbeat", "added", node="b"), False),
+])
+def test_which_woken_rounds_wait_for_more_frees(change: Change, settle: bool) -> None:
+    assert settles(change) is settle
+
+
+@virtual
+async def test_a_hint_that_says_it_all_wakes_its_round_at_once_unless_others_wait() -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend).start()
+    await claimed()
+    await asyncio.sleep(7.3 - now())
+    a.loop.hint(settle=False)  # an epoch ended: nothing more to wait for
+    await asyncio.sleep(0.01)
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [7.3]
+    await asyncio.sleep(9.0 - now())
+    a.loop.hint()  # a free, then the epoch's end: no wait either
+    a.loop.hint(settle=False)
+    await asyncio.sleep(0.01)
+    assert [round(t, 2) for t in round_starts(a, hinted=True)] == [7.3, 9.0]
+    await a.stop()

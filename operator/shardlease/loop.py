@@ -37,7 +37,7 @@ Schedules, each its own task, so that nothing slow on one delays another:
   joined, told by a store's watch or by the peer itself (`shardlease.hints`).
   A hint only wakes a round, which judges what it reads as any round does;
   woken rounds start at least `HINT_GAP` intervals apart, and a burst of
-  hints wakes one round.
+  hints wakes one round, `HINT_SETTLE` after the first.
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -105,6 +105,20 @@ logger = logging.getLogger("shardlease.loop")
 #: intervals: what bounds the store load a storm of hints can make (at most
 #: 1 / HINT_GAP woken rounds an interval besides the one of its time).
 HINT_GAP = 0.25
+#: Seconds a woken round waits after a hint of a freed lease (at most
+#: HINT_GAP intervals): the frees of one stop or one rebalance come within
+#: tens of milliseconds of each other (each close ends, then its lease is
+#: freed), and a round that starts at the first would leave the rest to the
+#: next woken round, HINT_GAP later. An ended epoch or a peer come or gone
+#: is one event that says it all: its round starts at once (`settles`).
+HINT_SETTLE = 0.1
+
+def settles(change: Change) -> bool:
+    """Whether the round a change wakes waits HINT_SETTLE for more like it:
+    a freed lease (more frees follow, one by one); not an epoch's end (one
+    write frees every shard it kept) nor a heartbeat."""
+    return change.kind == "lease"
+
 
 def wakes(change: Change, name: str) -> bool:
     """Whether a change a store's watch saw is worth a round now: a lease
@@ -199,6 +213,8 @@ class PlacementLoop:
         self._wake = asyncio.Event()
         #: A hint came since the last round began: the next one starts soon.
         self._hinted = False
+        #: The round the hints ask for waits HINT_SETTLE (see `hint`).
+        self._settle = True
         #: Whether this node's liveness record has landed once (`Joined`).
         self._joined = False
         #: When the rounds of the first interval end (set by the first).
@@ -359,16 +375,18 @@ class PlacementLoop:
         woken.set()
         self._wake.set()
 
-    def hint(self) -> None:
+    def hint(self, settle: bool = True) -> None:
         """A peer freed leases, or joined (a store's watch event, a hint it
         sent: `shardlease.hints`): start the next round soon rather than at
         its time, so that a freed shard reopens here at once. Nothing else:
         the round judges what it reads as any round does, and every claim is
         a compare-and-swap. Hints that come together wake one round; a woken
         round starts no sooner than `HINT_GAP` intervals after the last woken
-        one began."""
+        one began, and `HINT_SETTLE` after the first hint unless one of them
+        said all there was to say (`settle` False: see `settles`)."""
         if self.life is Life.STOPPED:
             return
+        self._settle = settle if not self._hinted else self._settle and settle
         self._hinted = True
         self._wake.set()
 
@@ -376,7 +394,7 @@ class PlacementLoop:
         """A change the store's watch saw: a hint if it may free a shard here
         or change the share (`wakes`)."""
         if wakes(change, self.name):
-            self.hint()
+            self.hint(settle=settles(change))
 
     def _release_beyond(self) -> None:
         """Release the held shards at or above the shard count (it shrank, or
@@ -474,7 +492,9 @@ class PlacementLoop:
                     # hinted round began (a round of its time does not delay
                     # one: it may have read just before the free).
                     gap = hinted_at + HINT_GAP * self.options.interval_s - self.clock.monotonic()
-                    await self._sleep(min(max(0.0, gap), delay), runner, keepers,
+                    settle = min(HINT_SETTLE, HINT_GAP * self.options.interval_s) \
+                        if self._settle else 0.0
+                    await self._sleep(min(max(settle, gap), delay), runner, keepers,
                                       wakeable=False)
                     hinted_at = self.clock.monotonic()
                 self._check_alive(runner, keepers)
