@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from shardlease.demo import Demo, run_demo
 from shardlease.errors import ConfigError, DemoError, ShardleaseError
 from shardlease.hosts.base import Host
 from shardlease.hosts.record import RecordHost
@@ -341,6 +340,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         store = open_store(store_url)
     else:
         store_url, cluster, store = args.store, f"demo-{os.urandom(3).hex()}", given
+    # Here, not at the top: the agent and the operator run this module too,
+    # and the demo brings `rich` and its grid (tests/test_imports.py).
+    from shardlease.demo import Demo, run_demo
+
     setup_logging("text", "warning")
     view = args.output or ("table" if sys.stdout.isatty() else "json")
     demo = Demo(nodes=args.nodes, shards=args.shards, store_url=store_url, cluster=cluster,
