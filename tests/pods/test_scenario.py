@@ -312,6 +312,8 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _ips: dict[str, str] = field(default_factory=dict)
+    #: How long each sample's round of requests took (the resolution).
+    polls: list[float] = field(default_factory=list)
 
     def __enter__(self) -> Sampler:
         self._ips = self.app.serving_pods()
@@ -335,9 +337,11 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            began = time.monotonic()
             seen = self.app.open_shards(self._ips)
             if seen is not None:
                 self.samples.append((time.monotonic(), seen))
+                self.polls.append(time.monotonic() - began)
             self._stop.wait(self.every)
 
     def figures(self) -> dict[str, float]:
@@ -348,6 +352,7 @@ class Sampler:
         longest = 0.0
         last_owner: dict[int, str] = {}
         moves = 0
+        gaps: list[float] = []
         for (t, seen), (t_next, _) in zip(self.samples, self.samples[1:], strict=False):
             owners_of: dict[int, set[str]] = {}
             for pod, shards in seen.items():
@@ -360,7 +365,8 @@ class Sampler:
                     gap_start.setdefault(s, t)
                     continue
                 if s in gap_start:
-                    longest = max(longest, t - gap_start.pop(s))
+                    gaps.append(t - gap_start.pop(s))
+                    longest = max(longest, gaps[-1])
                 # The pods are asked one after the other: the old owner may
                 # answer before its close and the new one after its open. Seen
                 # on both, the shard has not moved yet.
@@ -372,14 +378,18 @@ class Sampler:
         if self.samples:  # gaps still open when sampling stopped
             end = self.samples[-1][0]
             longest = max([longest, *(end - t for t in gap_start.values())])
+        def median(xs: list[float]) -> float:
+            return round(sorted(xs)[len(xs) // 2], 2) if xs else 0.0
         return {"unowned_shard_s": round(unowned, 2), "longest_gap_s": round(longest, 2),
-                "moves": moves}
+                "moves": moves, "gaps": len(gaps), "median_gap_s": median(gaps),
+                "median_poll_s": median(self.polls)}
 
 
 def report(step: str, t0: float, sampler: Sampler) -> None:
     f = sampler.figures()
     print(f"[pods] {step}: Balanced after {time.monotonic() - t0:.1f}s; moves {f['moves']}, "
-          f"unowned {f['unowned_shard_s']} shard-s, longest gap {f['longest_gap_s']}s")
+          f"unowned {f['unowned_shard_s']} shard-s, longest gap {f['longest_gap_s']}s, "
+          f"{f['gaps']} gaps, median {f['median_gap_s']}s (a sample takes {f['median_poll_s']}s)")
 
 
 def generations(status: dict[str, Any]) -> dict[int, int]:
