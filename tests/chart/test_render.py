@@ -112,14 +112,49 @@ def test_schema_rejects_a_bad_value(helm, flag, value):
         assert "values don't meet the specifications of the schema" in out, out
 
 
+#: What a cluster with ValidatingAdmissionPolicy (Kubernetes >= 1.30) tells helm.
+VAP = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+
+
+def policies(docs: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs
+            if d["kind"].startswith("ValidatingAdmissionPolicy")}
+
+
 def test_isolation_can_be_turned_off_and_names_the_operators_account(helm):
-    off = helm.template("--set", "isolation.enabled=false")
-    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    on = helm.template("--set", "serviceAccount.name=ops")
-    leases = next(d for d in on if d["kind"] == "ValidatingAdmissionPolicy"
-                  and d["metadata"]["name"] == "shardlease-isolation-leases")
+    assert not policies(helm.template(*VAP, "--set", "isolation.enabled=false"))
+    # A cluster without the API (Kubernetes 1.29) gets no policy, not a failed install.
+    assert not policies(helm.template())
+    on = policies(helm.template(*VAP, "--set", "serviceAccount.name=ops"))
+    leases = on[("ValidatingAdmissionPolicy", "shardlease-isolation-leases")]
     conditions = {c["name"]: c["expression"] for c in leases["spec"]["matchConditions"]}
     assert "'system:serviceaccount:shardlease-system:ops'" in conditions["not-by-the-operator"]
+    # A policy that cannot be evaluated fails open (it must not stop Lease
+    # writes across the cluster).
+    assert {p["spec"]["failurePolicy"] for k, p in on.items()
+            if k[0] == "ValidatingAdmissionPolicy"} == {"Ignore"}
+
+
+def test_isolation_spares_the_system_namespaces_and_follows_watched_ones(helm):
+    on = policies(helm.template(*VAP, "--set", "webhook.excludeNamespaces={infra}",
+                                "--set", "watchNamespaces={shop}"))
+    for name in ("shardlease-isolation-leases", "shardlease-isolation-status"):
+        binding = on[("ValidatingAdmissionPolicyBinding", name)]
+        exprs = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert exprs == [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["kube-system", "shardlease-system", "infra"]},
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["shop"]}]
+
+
+def test_only_strict_isolation_keeps_the_agents_accounts_off_other_leases(helm):
+    def rules(*args: str) -> list[str]:
+        leases = policies(helm.template(*VAP, *args))[
+            ("ValidatingAdmissionPolicy", "shardlease-isolation-leases")]
+        return [v["expression"] for v in leases["spec"]["validations"]]
+    assert len(rules()) == 1  # the application may use Leases of its own
+    strict = rules("--set", "isolation.strictLeases=true")
+    assert len(strict) == 2 and "startsWith('shardlease.')" in strict[1]
 
 
 def test_watched_namespaces_scope_the_operator_and_the_webhook(helm):
@@ -163,7 +198,7 @@ def test_values_yaml_is_valid_json_schema_and_the_defaults_pass(helm):
 
 @pytest.fixture(scope="module")
 def docs(helm) -> list[dict]:
-    return helm.template()
+    return helm.template(*VAP)
 
 
 def test_default_render_has_exactly_the_expected_objects(docs):

@@ -213,13 +213,15 @@ def make_webhook_cert(directory: Path) -> bytes:
 CHART = ROOT / "charts" / "shardlease"
 
 
-def chart_documents(helm: str, home: Path, *kinds: str) -> list[dict[str, Any]]:
-    """The objects of these kinds the Helm chart ships, rendered by the real helm."""
+def chart_documents(helm: str, home: Path, *kinds: str,
+                    args: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The objects of these kinds the Helm chart ships, rendered by the real
+    helm (`args`: more of its flags, --set or --api-versions)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CONFIG_HOME": str(home / "c"),
            "HELM_CACHE_HOME": str(home / "k"), "HELM_DATA_HOME": str(home / "d")}
     out = subprocess.run([helm, "template", "shardlease", str(CHART), "--namespace",
-                          "shardlease-system"], env=env, check=True, capture_output=True,
-                         text=True, timeout=120).stdout
+                          "shardlease-system", *args], env=env, check=True,
+                         capture_output=True, text=True, timeout=120).stdout
     return [d for d in yaml.safe_load_all(out) if d and d.get("kind") in kinds]
 
 

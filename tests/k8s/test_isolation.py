@@ -3,7 +3,8 @@ kube-apiserver: two ShardSets in one namespace, each with its agents'
 ServiceAccount bound to the chart's agent role. Acting as A's account, every
 write to B's Leases (by name, by label, relabelled) and to B's status is
 refused with the policy's message, and so is any Lease that is not a
-shardlease one; A's own writes and B's own keep working.
+shardlease one under `isolation.strictLeases` (without it, A's application
+may use Leases of its own); A's own writes and B's own keep working.
 
 The policies are the ones `helm template` renders, bound to this test's
 namespace only (the API server is shared with the other tests)."""
@@ -88,8 +89,10 @@ async def refused(call: Any, *args: Any, **kwargs: Any) -> str:
     raise AssertionError(f"{getattr(call, '__name__', call)}{args[:2]} was allowed")
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strictLeases"])
 async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
-        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path,
+        strict: bool) -> None:
     api, ns = api_client, namespace
     helm = str(cpmod.ensure_binaries(("helm",))["helm"])
     await apply_crd(api)
@@ -111,8 +114,11 @@ async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
             await bind_cluster_role(api, ns, AGENT_ROLE, account)
         admin = client.CoordinationV1Api(api)
         await admin.create_namespaced_lease(ns, lease("other-app-leader", None))
-        policies = chart_documents(helm, tmp_path, "ValidatingAdmissionPolicy",
-                                   "ValidatingAdmissionPolicyBinding")
+        policies = chart_documents(
+            helm, tmp_path, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            args=("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                  "--set", f"isolation.strictLeases={str(strict).lower()}"))
+        assert len(policies) == 4
         async with policies_in(api, ns, policies):
             a_api, b_api = await client_for(configs["a"]), await client_for(configs["b"])
             try:
@@ -152,12 +158,17 @@ async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
                     a.delete_namespaced_lease, "shardlease.b.shard.0", ns)
                 assert "belongs to ShardSet b" in await refused(
                     a.create_namespaced_lease, ns, lease("shardlease-h.shard.0123abcd", "b"))
-                # No Lease that is not a shardlease one (another app's leader election).
-                other = await refused(a.patch_namespaced_lease, "other-app-leader", ns,
-                                      {"spec": {"holderIdentity": "a-0"}})
-                assert "may change only shardlease Leases" in other, other
-                assert "may change only shardlease Leases" in await refused(
-                    a.create_namespaced_lease, ns, lease("my-leader", None))
+                if strict:
+                    # No Lease that is not a shardlease one (another app's leader election).
+                    other = await refused(a.patch_namespaced_lease, "other-app-leader", ns,
+                                          {"spec": {"holderIdentity": "a-0"}})
+                    assert "may change only shardlease Leases" in other, other
+                    assert "may change only shardlease Leases" in await refused(
+                        a.create_namespaced_lease, ns, lease("my-leader", None))
+                else:
+                    # A's application elects its leader with a Lease of its own.
+                    await a.create_namespaced_lease(ns, lease("my-leader", None))
+                    await a.delete_namespaced_lease("my-leader", ns)
                 # B's lease is as B left it; B still changes it.
                 kept = await b.read_namespaced_lease("shardlease.b.shard.0", ns)
                 assert kept.spec.holder_identity == "x"
