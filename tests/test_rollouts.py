@@ -24,9 +24,13 @@ def done(revision: str = "r2") -> dict[str, Any]:
     return sts(revision, revision, updated=3)
 
 
+T2 = "2026-12-01T10:05:02Z"
+
+
 def shardset(owners: dict[str, str], *, balanced: bool = True, live: int = 3,
-             record: dict[str, Any] | None = None) -> dict[str, Any]:
-    status: dict[str, Any] = {"owners": owners, "liveNodes": live, "conditions": [
+             record: dict[str, Any] | None = None, published: str = T0) -> dict[str, Any]:
+    status: dict[str, Any] = {"owners": owners, "liveNodes": live, "observedTime": published,
+                              "conditions": [
         {"type": "Balanced", "status": "True" if balanced else "False"}]}
     if record is not None:
         status["lastRollout"] = record
@@ -95,12 +99,17 @@ def test_a_rollout_counts_the_moves_from_its_start_to_balanced_after_the_last_po
     tracking, record = step(tracking, done(), shardset({"0": "a", "1": "b", "2": "c"},
                                                       live=2, record=wire), T1)
     assert tracking is not None and record is None
+    # Balanced over all three, but published before the StatefulSet was seen
+    # settled (T1): it may predate the last pod's restart.
     tracking, record = step(tracking, done(), shardset({"0": "a", "1": "b", "2": "c"},
-                                                      record=wire), T1)
+                                                      record=wire, published=T1), T1)
+    assert tracking is not None and record is None
+    tracking, record = step(tracking, done(), shardset({"0": "a", "1": "b", "2": "c"},
+                                                      record=wire, published=T2), T2)
     assert tracking is None
-    assert record == Rollout(revision="r2", started_at=T0, finished_at=T1, moves=2)
+    assert record == Rollout(revision="r2", started_at=T0, finished_at=T2, moves=2)
     # Written: nothing more to do until the next rollout.
-    assert step(None, done(), shardset({"0": "a"}, record=record.wire()), T1) == (None, None)
+    assert step(None, done(), shardset({"0": "a"}, record=record.wire()), T2) == (None, None)
 
 
 def test_a_leader_picks_up_an_unfinished_record_and_goes_on_from_the_owners_it_sees() -> None:
@@ -129,3 +138,19 @@ def test_an_unreadable_record_is_no_record(raw: object) -> None:
     # ...and a rollout starts a new one over it.
     _, record = step(None, sts(), shardset({"0": "a"}, record=raw), T0)  # type: ignore[arg-type]
     assert record == Rollout(revision="r2", started_at=T0, moves=0)
+
+
+def test_a_record_another_leader_wrote_meanwhile_wins_over_this_ones_memory() -> None:
+    # This replica led, counted 3 and wrote it; another led since and
+    # finished the rollout with 7 moves. Leading again, this one keeps that.
+    mine = Rollout(revision="r2", started_at=T0, moves=3)
+    tracking = Tracking(record=mine, last={"0": "a"}, wrote=mine)
+    theirs = Rollout(revision="r2", started_at=T0, finished_at=T1, moves=7)
+    assert step(tracking, done(), shardset({"0": "b"}, record=theirs.wire(),
+                                           published=T2), T2) == (None, None)
+    # Its own write, not yet seen back (the status still shows the one
+    # before), is no other leader's.
+    newer = Rollout(revision="r2", started_at=T0, moves=4)
+    tracking = Tracking(record=newer, last={"0": "a"}, wrote=mine)
+    _, record = step(tracking, sts(), shardset({"0": "b"}, record=mine.wire()), T1)
+    assert record is not None and record.moves == 5

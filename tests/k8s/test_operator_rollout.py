@@ -5,6 +5,7 @@ controller would, and the ShardSet's owners as the agents would."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,10 @@ from .scenario import apply_crd, eventually, spawn, statefulset
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 NOW = "2026-12-01T12:00:00Z"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +43,7 @@ async def test_the_moves_of_a_rollout_are_counted_until_the_shards_are_balanced(
             _content_type="application/merge-patch+json")
         await custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, "db", {"status": {
-                "owners": owners, "liveNodes": live, "conditions": [{
+                "owners": owners, "liveNodes": live, "observedTime": now(), "conditions": [{
                     "type": "Balanced", "status": "True" if balanced else "False",
                     "reason": "FairShares" if balanced else "UnownedShards", "message": "-",
                     "lastTransitionTime": NOW}]}},
@@ -82,6 +87,10 @@ async def test_the_moves_of_a_rollout_are_counted_until_the_shards_are_balanced(
         await owners({"0": "db-1", "1": "db-1", "2": "db-2", "3": "db-0"}, balanced=True)
 
         async def finished() -> dict[str, Any] | None:
+            # As an agent refreshes the status (observedTime) every other interval.
+            await custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, "db", {"status": {"observedTime": now()}},
+                _content_type="application/merge-patch+json")
             r = await record(moves=3, revision="db-r2")
             return r if r and r.get("finishedAt") else None
         done = await eventually(finished, "the rollout to end once the shards are balanced", 30)

@@ -112,6 +112,7 @@ class Operator:
         self._stale_watch: asyncio.Task[None] | None = None
         #: (namespace, name) -> the rollout being counted (while leading).
         self.rollouts: dict[tuple[str, str], Tracking] = {}
+        self._rollout_lock = asyncio.Lock()
         self.metrics = OperatorMetrics()
         #: Set once every StatefulSet was listed: the webhook's answers are then
         #: complete (readiness waits for it).
@@ -410,19 +411,28 @@ class Operator:
     async def count_rollout(self, key: tuple[str, str]) -> None:
         """The moves of the StatefulSet's rollout, into `status.lastRollout`
         (a failure to write is logged and written with the next change)."""
-        sts, shardset = self.latest.get(key), self.shardsets.get(key)
-        if sts is None or shardset is None:
-            return
-        tracking, record = rollout_step(self.rollouts.get(key), sts, shardset,
-                                        dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        if tracking is None:
-            self.rollouts.pop(key, None)
-        else:
-            self.rollouts[key] = tracking
-        if record is not None and not await self._write_rollout(*key, record) \
-                and tracking is None:
-            # A finished record not written: kept, so that the next event writes it.
-            self.rollouts[key] = Tracking(record=record)
+        # (The StatefulSet's and the ShardSet's handlers run concurrently.)
+        async with self._rollout_lock:
+            sts, shardset = self.latest.get(key), self.shardsets.get(key)
+            if sts is None or shardset is None:
+                return
+            before = self.rollouts.get(key)
+            tracking, record = rollout_step(
+                before, sts, shardset,
+                dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            if tracking is None:
+                self.rollouts.pop(key, None)
+            else:
+                self.rollouts[key] = tracking
+            if record is None:
+                return
+            if await self._write_rollout(*key, record):
+                if tracking is not None:
+                    tracking.wrote = record
+            elif tracking is None:
+                # A finished record not written: kept, so that the next event writes it.
+                self.rollouts[key] = Tracking(record=record,
+                                              wrote=before.wrote if before else None)
 
     async def _write_rollout(self, ns: str, name: str, record: Rollout) -> bool:
         try:

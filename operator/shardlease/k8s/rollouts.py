@@ -4,10 +4,12 @@
 A rollout starts when the StatefulSet's `updateRevision` differs from its
 `currentRevision` (a new pod template: `kubectl rollout restart`, an image
 change) and names a revision not counted yet. It ends once the StatefulSet
-says every replica is at the update revision and Ready, and the ShardSet
-says Balanced over as many live pods as there are replicas: the shards
-settle a few rounds after the last pod is back (until its agent is seen
-live, the status still says Balanced over the others).
+says every replica is at the update revision and Ready, and a ShardSet
+status published after that (`observedTime`, to the second, the agents'
+clock) says Balanced over as many live pods as there are replicas: the
+shards settle a few rounds after the last pod is back (until its agent is
+seen live, the status still says Balanced over the others, and one
+published before the last pod's restart says so over all of them).
 In between, every change of a shard's owner in the published status is a
 move; a shard going unowned and back to the same pod (a hold, a restart in
 place) is none.
@@ -16,7 +18,10 @@ The moves are those the status shows: it is published at most once per
 interval, so a shard that moved twice within one interval counts once.
 Counted by the operator that leads, in memory, from the owners it saw last:
 a new leader picks up the record and goes on from the owners it first sees,
-missing the moves in between.
+missing the moves in between; a record written by another leader meanwhile
+wins over what a replica that leads again remembers. A StatefulSet with the
+OnDelete strategy, or a partitioned rolling update, is "going on" until
+every pod is at the update revision.
 
 Everything here is a pure function of the objects' bodies, tested by tables
 (tests/test_rollouts.py); the operator reads, calls and writes.
@@ -106,6 +111,14 @@ class Tracking:
     record: Rollout
     #: Each shard's last known owner.
     last: dict[str, str] = field(default_factory=dict)
+    #: The record this operator last wrote (or took up): a different one of
+    #: the same rollout in the status was written by another leader since,
+    #: and wins over this memory.
+    wrote: Rollout | None = None
+    #: When the StatefulSet was first seen settled (`now`'s form): only a
+    #: status published after that (`observedTime`) can say the shards
+    #: settled too; an older one may predate the last pod's restart.
+    settled_at: str | None = None
 
 
 def step(tracking: Tracking | None, sts: Mapping[str, Any], shardset: Mapping[str, Any],
@@ -118,9 +131,15 @@ def step(tracking: Tracking | None, sts: Mapping[str, Any], shardset: Mapping[st
         if isinstance(raw_owners, Mapping) else {}
     written = Rollout.parse(status.get("lastRollout"))
     seen = progress(sts)
+    if tracking is not None and written is not None \
+            and written.revision == tracking.record.revision \
+            and written not in (tracking.record, tracking.wrote):
+        # Another leader counted this rollout while this one did not lead:
+        # its record wins (this memory missed what it saw).
+        tracking = None
     if tracking is None and written is not None and written.finished_at is None:
         # A rollout counted by an earlier leader (or before a restart).
-        tracking = Tracking(record=written, last=dict(owners))
+        tracking = Tracking(record=written, last=dict(owners), wrote=written)
     if seen.revision is not None and seen.rolling and (
             tracking is None or tracking.record.revision != seen.revision):
         # A new rollout (or a second one started before the first ended: its
@@ -129,14 +148,21 @@ def step(tracking: Tracking | None, sts: Mapping[str, Any], shardset: Mapping[st
             record = written  # this one, counted before this operator saw it
         else:
             record = Rollout(revision=seen.revision, started_at=now)
-        tracking = Tracking(record=record, last=dict(owners))
+        tracking = Tracking(record=record, last=dict(owners),
+                            wrote=record if record == written else None)
     if tracking is None:
         return None, None
     record = tracking.record
     if record.finished_at is None:
         moves, tracking.last = count_moves(tracking.last, owners)
         record = record.model_copy(update={"moves": record.moves + moves})
-        if seen.settled and _balanced(status, _replicas(sts)):
+        if not seen.settled:
+            tracking.settled_at = None
+        elif tracking.settled_at is None:
+            tracking.settled_at = now
+        published = status.get("observedTime")
+        if seen.settled and _balanced(status, _replicas(sts)) and isinstance(published, str) \
+                and tracking.settled_at is not None and published > tracking.settled_at:
             # (Also a rollout rolled back: the pods are all at one revision.)
             record = record.model_copy(update={"finished_at": now})
         tracking.record = record
