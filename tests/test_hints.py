@@ -18,11 +18,14 @@ from shardlease.telemetry import Joined, Release, Round
 class Peer:
     def __init__(self, name: str, peers: dict[str, str], cluster: str = "c") -> None:
         self.woken = 0
+        #: Each hint's `settle`: True for a freed lease, False for a join.
+        self.settles: list[bool] = []
         self.channel = HintChannel(cluster=cluster, name=name, listen=("127.0.0.1", 0),
                                    peers=lambda: peers, on_hint=self.wake)
 
-    def wake(self) -> None:
+    def wake(self, settle: bool) -> None:
         self.woken += 1
+        self.settles.append(settle)
 
     async def start(self) -> str:
         host, port = await self.channel.start()
@@ -51,6 +54,8 @@ async def test_a_burst_of_frees_sends_one_hint_per_peer_which_wakes_it() -> None
         c.channel.on_event(Joined(cluster="c", node="c"))
         await until(lambda: a.woken and b.woken == 2)
         assert c.channel.sent == 2
+        # A free's round waits for more frees; a join's starts at once.
+        assert b.settles == [True, False] and a.settles == [False]
     finally:
         for p in (a, b, c):
             await p.channel.aclose()
@@ -152,7 +157,7 @@ async def test_a_port_in_use_is_a_config_error() -> None:
     a = Peer("a", peers)
     address = await a.start()
     host, port = parse_address(address, "x")
-    b = HintChannel(cluster="c", name="b", listen=(host, port), peers=dict, on_hint=lambda: None)
+    b = HintChannel(cluster="c", name="b", listen=(host, port), peers=dict, on_hint=lambda _: None)
     try:
         with pytest.raises(ConfigError, match="cannot listen for hints"):
             await b.start()

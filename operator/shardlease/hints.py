@@ -75,7 +75,8 @@ class HintChannel(asyncio.DatagramProtocol):
     "freed", a `Joined` sends "joined"."""
 
     def __init__(self, *, cluster: str, name: str, listen: tuple[str, int],
-                 peers: Callable[[], Mapping[str, str]], on_hint: Callable[[], None]) -> None:
+                 peers: Callable[[], Mapping[str, str]],
+                 on_hint: Callable[[bool], None]) -> None:
         self.cluster = cluster
         self.name = name
         self.listen = listen
@@ -150,6 +151,8 @@ class HintChannel(asyncio.DatagramProtocol):
             try:
                 host, port = parse_address(address, f"the hint address of {peer}")
                 target = await self._resolve(host, port)
+                if self.transport is None:  # closed while the name resolved
+                    return
                 self.transport.sendto(data, target)
                 self.sent += 1
             except (ConfigError, OSError) as e:
@@ -184,7 +187,9 @@ class HintChannel(asyncio.DatagramProtocol):
             return
         self.received += 1
         logger.debug("hint from %s: %s", hint.node, hint.why)
-        self.on_hint()
+        # (A freed lease may be one of several frees: the round waits a
+        # little for the others; a join says all there is to say.)
+        self.on_hint(hint.why == "freed")
 
     def error_received(self, exc: Exception) -> None:
         # (An ICMP unreachable from a peer that is not listening yet.)
