@@ -535,11 +535,9 @@ async def test_a_hint_wakes_the_next_round_at_once_and_the_schedule_goes_on_from
     await a.stop()
 
 
-@pytest.mark.parametrize("mode", ["shard", "node"])
-@virtual
-async def test_frees_that_come_together_are_claimed_by_one_woken_round(mode: str) -> None:
-    # b's stop frees its shards as their closes end, a few ms apart; a's
-    # round waits HINT_SETTLE after the first hint and claims them all.
+async def hinted_pair(mode: str) -> tuple[Node, Node]:
+    """Two nodes sharing 4 shards at 12 s, a hinted by each of b's frees (as
+    a store's watch or b's hint channel would)."""
     backend = MemoryBackend()
     a = Node("a", backend, renewal=mode, peers=lambda: {"a", "b"})
     b = Node("b", backend, renewal=mode, peers=lambda: {"a", "b"})
@@ -547,6 +545,15 @@ async def test_frees_that_come_together_are_claimed_by_one_woken_round(mode: str
     a.start()
     b.start()
     await asyncio.sleep(12.0)
+    return a, b
+
+
+@pytest.mark.parametrize("mode", ["shard", "node"])
+@virtual
+async def test_frees_that_come_together_are_claimed_by_one_woken_round(mode: str) -> None:
+    # b's stop frees its shards as their closes end, a few ms apart; a's
+    # round waits HINT_SETTLE after the first hint and claims them all.
+    a, b = await hinted_pair(mode)
     assert len(b.opened()) == 2
     b.host.close_delay = {s: 0.01 * i for i, s in enumerate(sorted(b.opened()))}
     await b.stop()
@@ -613,13 +620,7 @@ async def test_the_first_round_claims_when_every_known_peer_is_live() -> None:
 @pytest.mark.parametrize("mode", ["shard", "node"])
 @virtual
 async def test_a_shard_freed_by_a_stop_is_claimed_at_once_by_a_hinted_peer(mode: str) -> None:
-    backend = MemoryBackend()
-    a = Node("a", backend, renewal=mode, peers=lambda: {"a", "b"})
-    b = Node("b", backend, renewal=mode, peers=lambda: {"a", "b"})
-    b.telemetry.subscribe(lambda ev: a.loop.hint() if isinstance(ev, Release) else None)
-    a.start()
-    b.start()
-    await asyncio.sleep(12.0)
+    a, b = await hinted_pair(mode)
     theirs = b.opened()
     assert theirs and theirs | a.opened() == {0, 1, 2, 3}
     stop = asyncio.create_task(b.stop())
