@@ -29,8 +29,8 @@ EXPECTED = {
     "Closed", "CorruptLease", "NewerRecord", "Round", "Joined",
     # the errors (shardlease.errors)
     "ShardleaseError", "ConfigError", "StoreError", "StoreUnsafe", "Conflict",
-    "CorruptRecord", "HostError", "EngineError", "RunnerDied", "LoopDied", "PluginError",
-    "DemoError",
+    "CorruptRecord", "HostError", "OutdatedGeneration", "EngineError", "RunnerDied", "LoopDied",
+    "PluginError", "DemoError",
 }
 
 EXPORTED_ERRORS = [name for name in shardlease.__all__

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from shardlease.clock import LoopClock
-from shardlease.errors import HostError
+from shardlease.errors import HostError, OutdatedGeneration
 from shardlease.hosts.base import LeasedHost, Validity
 from shardlease.hosts.http import HttpHost, validity_ms
 from shardlease.runner import Runner, State
@@ -29,6 +29,8 @@ class App:
     url: str = ""
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     lease_status: int = 200
+    #: The answer to every open: (status, JSON body); None: 200 {}.
+    open_answer: tuple[int, Any] | None = None
     lease_gate: asyncio.Event | None = None
     leases_in_flight: int = 0
     max_leases_in_flight: int = 0
@@ -45,6 +47,11 @@ class App:
             finally:
                 self.leases_in_flight -= 1
             return web.json_response({}, status=self.lease_status)
+        if request.path.endswith("/open") and self.open_answer is not None:
+            status, answer = self.open_answer
+            if isinstance(answer, str):
+                return web.Response(text=answer, status=status)
+            return web.json_response(answer, status=status)
         return web.json_response({})
 
     def of(self, path: str) -> list[dict[str, Any]]:
@@ -168,3 +175,40 @@ async def test_one_lease_per_pass_one_in_flight_and_never_in_the_way_of_renewals
     # Cancelled: every shard closed (concurrently), with its generation.
     closes = sorted((p, b["generation"]) for p, b in app.requests if p.endswith("/close"))
     assert closes == [(f"/shards/{s}/close", 10 + s) for s in range(3)]
+
+
+async def test_an_open_refused_for_a_newer_generation_says_which(app: App) -> None:
+    host = HttpHost(app.url, open_timeout=5, close_timeout=5)
+    try:
+        for highest in (7, 3):  # above the one asked, or the same one opened elsewhere
+            app.open_answer = (409, {"error": "outdated_generation", "highest_generation": highest})
+            with pytest.raises(OutdatedGeneration) as refused:
+                await host.open_for(2, 3, 5.0)
+            assert (refused.value.shard, refused.value.generation, refused.value.highest) \
+                == (2, 3, highest)
+            assert f"has seen generation {highest}" in str(refused.value)
+    finally:
+        await host.aclose()
+
+
+@pytest.mark.parametrize("status,answer", [
+    (409, {"error": "fenced"}),  # no generation named
+    (409, {"highest_generation": 2}),  # below the one asked: no reason to claim above it
+    (409, {"highest_generation": "9"}),  # not an integer
+    (409, {"highest_generation": True}),
+    (409, {"highest_generation": 2**63 - 1}),  # nothing could be claimed above it
+    (409, "not json"),
+    (409, ["highest_generation", 9]),
+    (500, {"highest_generation": 9}),  # only a 409 says it
+])
+async def test_any_other_refusal_is_an_ordinary_failed_open(app: App, status: int,
+                                                            answer: Any) -> None:
+    host = HttpHost(app.url, open_timeout=5, close_timeout=5)
+    app.open_answer = (status, answer)
+    try:
+        with pytest.raises(HostError) as refused:
+            await host.open_for(2, 3, 5.0)
+        assert not isinstance(refused.value, OutdatedGeneration)
+        assert f"answered {status}" in str(refused.value)
+    finally:
+        await host.aclose()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from shardlease.clock import LoopClock
-from shardlease.errors import RunnerDied
+from shardlease.errors import OutdatedGeneration, RunnerDied
 from shardlease.loop import PlacementLoop, settles, wakes
 from shardlease.options import Options
 from shardlease.records import Lease, decode_heartbeat, stored_lease
@@ -68,11 +68,12 @@ def lease(backend: MemoryBackend, shard: int) -> Lease | None:
 
 class Node:
     def __init__(self, name: str, backend: MemoryBackend, *, shards: int = 4,
-                 peers: Callable[[], Iterable[str]] | None = None, **options: Any) -> None:
+                 peers: Callable[[], Iterable[str]] | None = None,
+                 host: StrictHost | None = None, **options: Any) -> None:
         self.name = name
         self.backend = backend
         self.store = ScriptedStore(backend)
-        self.host = StrictHost()
+        self.host = host or StrictHost()
         self.telemetry = Telemetry()
         self.events = recorder(self.telemetry)
         # These tests are of per-shard renewal unless they say otherwise
@@ -496,6 +497,70 @@ async def test_a_shard_the_host_refuses_cools_down_and_is_adopted_by_a_peer_at_i
     assert len(a.round_times()) <= 120 / 5 + 1
     # And the placement settled: two each (b handed one of its own to a).
     assert len(a.opened()) == 2 and len(b.opened()) == 2
+    await a.stop()
+    await b.stop()
+
+
+class RememberingHost(StrictHost):
+    """An application whose storage holds `highest` for every shard (the lease
+    store lost its records): it refuses an open at or below it as outdated.
+    It says so of every generation asked of the `stubborn` shards (broken)."""
+
+    def __init__(self, highest: int, stubborn: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self.highest, self.stubborn = highest, stubborn
+
+    async def open(self, shard: int, generation: int) -> None:
+        if generation <= self.highest or shard in self.stubborn:
+            self.open_errors[shard] = OutdatedGeneration(
+                "seen", shard=shard, generation=generation,
+                highest=max(self.highest, generation))
+        else:
+            self.open_errors.pop(shard, None)
+        await super().open(shard, generation)
+
+
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+@virtual
+async def test_an_open_refused_as_outdated_is_freed_at_the_hosts_generation_and_claimed_above(
+        renewal: str) -> None:
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1, renewal=renewal, host=RememberingHost(9)).start()
+    await claimed()
+    await asyncio.sleep(30)
+    calls = [(c.op, c.generation) for c in a.host.calls if c.op in ("open", "open_failed",
+                                                                       "opened")]
+    assert calls == [("open", 1), ("open_failed", 1), ("open", 10), ("opened", 10)]
+    # Claimed again in the next round: a refusal for a newer generation is no failure.
+    refused, opened = a.host.times("open", 0)
+    assert opened - refused <= 5.0 + 1e-6
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner == "a" and rec.generation == 10
+    await a.stop()
+
+
+@virtual
+async def test_a_host_that_keeps_refusing_as_outdated_cools_down_from_the_second_time() -> None:
+    from shardlease.loop import preference
+
+    backend = MemoryBackend()
+    names = {"a", "b"}
+    refused = max(range(4), key=lambda s: preference("a", s))
+    a = Node("a", backend, peers=lambda: names,
+             host=RememberingHost(9, stubborn=frozenset({refused}))).start()
+    # b starts once a was refused twice (its rounds at 5 and 10 s).
+    await asyncio.sleep(11)
+    b = Node("b", backend, peers=lambda: names, host=RememberingHost(9)).start()
+    await asyncio.sleep(200)
+    tries = a.host.times("open", refused)
+    # Claimed again at once after the first refusal, then cooled like a failing host.
+    assert tries[:2] == [5.0, 10.0]
+    assert all(later - earlier >= 2 * 15.0 for earlier, later in itertools.pairwise(tries[1:]))
+    # Every ask over both nodes above the last, and the shard opened by b above them all.
+    asked = sorted((c.t, c.generation) for host in (a.host, b.host) for c in host.calls
+                   if c.op == "open" and c.shard == refused)
+    assert all(g2 > g1 for (_, g1), (_, g2) in itertools.pairwise(asked)), asked
+    assert b.host.open_now.get(refused) == asked[-1][1] > 9
     await a.stop()
     await b.stop()
 

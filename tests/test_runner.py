@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shardlease.clock import LoopClock
-from shardlease.errors import EngineError, HostError, RunnerDied
+from shardlease.errors import EngineError, HostError, OutdatedGeneration, RunnerDied
 from shardlease.runner import CLOSE_RETRY_FIRST, FENCED_CLOSE_ATTEMPTS, Reason, Runner, State
 from shardlease.sim.fakes import StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
@@ -42,12 +42,15 @@ class Harness:
         self.telemetry = Telemetry()
         self.events = recorder(self.telemetry)
         self.closed: list[tuple[float, int, Reason]] = []
+        #: shard -> the highest generation an OUTDATED close reported.
+        self.highest: dict[int, int | None] = {}
         self.runner = Runner(self.host, cluster="c", node="n", clock=LoopClock(),
                              telemetry=self.telemetry, on_closed=self._on_closed, **kwargs)
         self.task: asyncio.Task[None] | None = None
 
-    def _on_closed(self, shard: int, reason: Reason) -> None:
+    def _on_closed(self, shard: int, reason: Reason, highest: int | None) -> None:
         self.closed.append((asyncio.get_running_loop().time(), shard, reason))
+        self.highest[shard] = highest
 
     def start(self) -> Harness:
         self.task = asyncio.create_task(self.runner.run())
@@ -219,6 +222,20 @@ async def test_a_failed_open_closes_the_shard_and_reports_open_failed() -> None:
     await asyncio.sleep(1)
     assert h.host.ops(0) == ["open", "open_failed", "close", "closed"]
     assert h.reasons(0) == [Reason.OPEN_FAILED]
+    assert h.highest[0] is None
+    assert h.of(Opened) == []
+    await h.stop()
+
+
+@virtual
+async def test_an_open_refused_for_a_newer_generation_reports_it_with_the_close() -> None:
+    h = Harness().start()
+    h.host.open_errors[0] = OutdatedGeneration("seen 7", shard=0, generation=1, highest=7)
+    h.runner.start(0, 1, deadline=100.0)
+    await asyncio.sleep(1)
+    assert h.host.ops(0) == ["open", "open_failed", "close", "closed"]
+    assert h.reasons(0) == [Reason.OUTDATED]
+    assert h.highest[0] == 7
     assert h.of(Opened) == []
     await h.stop()
 

@@ -47,8 +47,11 @@ Each shard lives in ONE S3 object, ``<prefix>/data/<shard>.json`` =
 conditional, so that at most one writer is ever effective:
 
 - open(G) reads the object (or creates it with ``If-None-Match: *``). If the
-  stored generation is above G, a newer owner exists: the open is refused
-  (409). Otherwise it writes the object back with generation G and
+  stored generation is above G, a newer owner exists; if it is G and this
+  process does not hold G open, another owner opened G (the lease store lost
+  its record and a claim started over). Either way the open is refused: 409
+  ``{"error": "outdated_generation", "highest_generation": N}``, and the agent
+  claims above N. Otherwise it writes the object back with generation G and
   ``If-Match: <the etag read>``. That write is the fence: from then on, any
   older owner's next conditional write fails. The etag and the data stay in
   memory.
@@ -175,10 +178,16 @@ class Misdirected(AppError):
 
 
 class NewerOwner(AppError):
-    """open(G) found a generation above G in the store."""
+    """open(G) found G or a newer generation that another owner opened: the
+    agent frees the lease at `highest_generation` and claims above it (the
+    host protocol's "outdated generation" answer)."""
 
     status = 409
-    code = "newer_owner"
+    code = "outdated_generation"
+
+    def __init__(self, message: str, *, shard: int, generation: int, highest: int) -> None:
+        super().__init__(message, shard=shard, generation=generation,
+                         highest_generation=highest, stored_generation=highest)
 
 
 class Fenced(AppError):
@@ -486,40 +495,48 @@ class ShardApp:
                 self.stats["opens_refused"] += 1
                 raise NewerOwner(f"shard {shard} is open here at generation {held.generation}, "
                                  f"above {generation}", shard=shard, generation=generation,
-                                 stored_generation=held.generation)
+                                 highest=held.generation)
             if generation <= self.closed_at.get(shard, -1):
                 # Its close came first (the agent gave up on it, or it was slow
                 # on the way): opening it now would hold a shard with no lease.
                 self.stats["opens_refused"] += 1
                 raise NewerOwner(f"shard {shard}: generation {generation} was already closed "
                                  f"here", shard=shard, generation=generation,
-                                 stored_generation=self.closed_at[shard])
+                                 highest=self.closed_at[shard])
             self.open_shards.pop(shard, None)  # a failed open leaves the shard closed
+            # The stored generation may equal ours only if this process holds
+            # it open, or this call's own write landed unanswered: otherwise
+            # another owner opened it (the lease store lost its record and a
+            # claim started again), and sharing it would let both write.
+            ours = held is not None and held.generation == generation
             for _ in range(OPEN_ATTEMPTS):
                 snap = await self.objects.read(shard)
                 try:
                     if snap is None:
                         data: dict[str, str] = {}
                         etag = await self.objects.create(shard, generation, data)
-                    elif snap.generation > generation:
+                    elif snap.generation > generation or (snap.generation == generation
+                                                          and not ours):
                         self.stats["opens_refused"] += 1
                         raise NewerOwner(
                             f"shard {shard}: the store holds generation {snap.generation}, "
-                            f"above {generation}: a newer owner exists",
-                            shard=shard, generation=generation,
-                            stored_generation=snap.generation)
+                            f"opened by another owner: claim above it",
+                            shard=shard, generation=generation, highest=snap.generation)
                     else:
                         data = dict(snap.data)
                         etag = await self.objects.replace(shard, generation, data, snap.etag)
                 except PreconditionFailed:
-                    # Lost a race on the object: read it again and decide again.
+                    # Lost a race on the object (or our write landed and its
+                    # answer was lost): read it again and decide again.
+                    ours = True
                     self.stats["open_races"] += 1
                     await asyncio.sleep(random.uniform(0, 0.01))
                     continue
                 if not self.extend(shard, generation, until):
                     # Closed (or superseded) while this open was on its way.
                     raise NewerOwner(f"shard {shard}: generation {generation} was closed "
-                                     "during its open", shard=shard, generation=generation)
+                                     "during its open", shard=shard, generation=generation,
+                                     highest=max(generation, self.closed_at.get(shard, 0)))
                 state = self.open_shards[shard] = OpenShard(shard, generation, etag, data)
                 self.fenced.pop(shard, None)
                 self.stats["opens"] += 1

@@ -11,6 +11,7 @@ The branches say what a caller must do, not where the error came from:
     ├── Conflict          an outcome, not a failure: a compare-and-swap lost
     ├── CorruptRecord     bad data in the store: reported, never trusted
     ├── HostError         the application failed to open or close a shard
+    │   └── OutdatedGeneration  it holds that generation or a newer one: claim above it
     ├── EngineError       the placement engine itself cannot go on
     │   └── RunnerDied    the runner stopped; the loop stopped with it
     ├── LoopDied          the agent's placement loop ended with an error while it ran
@@ -65,6 +66,20 @@ class CorruptRecord(ShardleaseError, ValueError):
 
 class HostError(ShardleaseError):
     """The application host failed to open or close a shard."""
+
+
+class OutdatedGeneration(HostError):
+    """The application refused an open because it has seen `highest` (at or
+    above the generation asked) for the shard: another owner held that one.
+    The one party that always knows the last generation is the application
+    (its storage is fenced by it); a store that lost its lease record (a
+    store change, a deleted or garbage record) does not. The lease is freed
+    with its generation raised to `highest`, so the next claim, by any node,
+    is above it."""
+
+    def __init__(self, message: str, *, shard: int, generation: int, highest: int) -> None:
+        super().__init__(message)
+        self.shard, self.generation, self.highest = shard, generation, highest
 
 
 class EngineError(ShardleaseError, RuntimeError):

@@ -81,6 +81,9 @@ class Held:
     #: The round of this node that claimed it (placement gives back the
     #: newest first).
     claimed_in: int = 0
+    #: The host has seen this generation (an open refused as outdated): the
+    #: free writes it, so that the next claim is above it.
+    floor: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def wrote(self, lease: Lease, version: str, now: float) -> None:
@@ -331,13 +334,18 @@ class Keeper:
 
     # -- frees ------------------------------------------------------------------------------
 
-    def on_closed(self, shard: int, reason: Reason) -> asyncio.Task[None] | None:
+    def on_closed(self, shard: int, reason: Reason,
+                  highest: int | None = None) -> asyncio.Task[None] | None:
         """The runner closed a shard: free its lease now (and with the renewals
-        until that works). None if it was lost (nothing to free)."""
+        until that works). None if it was lost (nothing to free). `highest`:
+        the host has seen that generation (Reason.OUTDATED), so the free
+        writes it, and every node's next claim goes above it."""
         held = self.held.get(shard)
         if held is None:
             return None
         held.closed(reason, self.clock.monotonic())
+        if highest is not None:
+            held.floor = max(highest, held.floor)
         return asyncio.create_task(self._free_soon(shard, held))
 
     async def _free_soon(self, shard: int, held: Held) -> None:
@@ -348,12 +356,14 @@ class Keeper:
                            shard, e)
 
     async def free(self, shard: int, held: Held) -> None:
-        """Write "no owner" (keeping the generation) on a closed shard's lease;
+        """Write "no owner" (keeping the generation, or raising it to the
+        host's) on a closed shard's lease;
         while stopping in node mode, leave it to the end of the epoch."""
         async with held.lock:
             if self.held.get(shard) is not held:
                 return
-            if held.by_epoch and self._left_to_end(held.lease):
+            if held.by_epoch and self._left_to_end(held.lease) \
+                    and held.floor <= held.lease.generation:
                 # One write ends the epoch and frees every lease of it
                 # (`end_epoch`), rather than one write per shard.
                 self.held.pop(shard, None)
@@ -362,6 +372,7 @@ class Keeper:
             if held.freeing is None:
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
+                    "generation": max(held.lease.generation, held.floor),
                     "renewed_at": self.clock.wall(), "since": self.clock.wall(),
                     **self._reservation()})
             try:

@@ -907,9 +907,14 @@ class PlacementLoop:
 
     # -- after the runner closed a shard ----------------------------------------
 
-    def _on_closed(self, shard: int, reason: Reason) -> None:
+    def _on_closed(self, shard: int, reason: Reason, highest: int | None = None) -> None:
+        if highest is not None:
+            # The host has seen `highest`: this node's next claim goes above
+            # it even if the free that says so to the others fails.
+            self.view.max_generation[shard] = max(highest,
+                                                  self.view.max_generation.get(shard, 0))
         self._cool(shard, reason)
-        task = self.keeper.on_closed(shard, reason)
+        task = self.keeper.on_closed(shard, reason, highest)
         if task is None:
             return  # lost: nothing to free
         self._tasks.add(task)
@@ -921,8 +926,14 @@ class PlacementLoop:
     def _cool(self, shard: int, reason: Reason) -> None:
         """After a failed open, this node leaves the shard alone for a while
         (doubling, with jitter): no claim-open-fail-free loop, and peers get
-        to see it free for a TTL and adopt it. Any other close resets it."""
-        if reason is not Reason.OPEN_FAILED:
+        to see it free for a TTL and adopt it. Any other close resets it.
+        An open refused for a newer generation is claimed again at once
+        (above it, a different open), and cooled only from the second in a
+        row: a host that keeps saying so is failing."""
+        if reason is Reason.OUTDATED and shard not in self._cooldown:
+            self._cooldown[shard] = _Cooldown(0, self.clock.monotonic())
+            return
+        if reason not in (Reason.OPEN_FAILED, Reason.OUTDATED):
             self._cooldown.pop(shard, None)
             return
         failures = self._cooldown[shard].failures + 1 if shard in self._cooldown else 1

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlease.clock import Clock
-from shardlease.errors import EngineError, RunnerDied
+from shardlease.errors import EngineError, OutdatedGeneration, RunnerDied
 from shardlease.hosts.base import Host, LeasedHost, Validity
 from shardlease.telemetry import (
     Closed,
@@ -74,6 +74,9 @@ class Reason(enum.StrEnum):
     RELEASE = "release"  # above the fair share: free the lease after
     SHUTDOWN = "shutdown"  # graceful stop: free the lease after
     OPEN_FAILED = "open_failed"  # the host could not open it: free the lease after
+    #: The host has seen this generation or a newer one (`OutdatedGeneration`):
+    #: free the lease with its generation raised to the host's (`highest`).
+    OUTDATED = "outdated"
     LOST = "lost"  # someone else holds the lease now: nothing to free
     FENCED = "fenced"  # deadline passed: the lease may be about to expire
 
@@ -92,6 +95,8 @@ class _Shard:
     #: The deadline the host was last told (a `LeasedHost`): the open's or
     #: the last `extend` that succeeded. None: not told yet.
     told: float | None = None
+    #: Reason.OUTDATED: the highest generation the host has seen.
+    highest: int | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     fenced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -131,7 +136,7 @@ class Runner:
         margin: float | None = None,
         warn_ahead: float = 0.0,
         extend_timeout: float | None = None,
-        on_closed: Callable[[int, Reason], None] | None = None,
+        on_closed: Callable[[int, Reason, int | None], None] | None = None,
     ) -> None:
         self.host = host
         self.cluster = cluster
@@ -519,7 +524,9 @@ class Runner:
                 return False
             if (exc := opening.exception()) is not None:
                 logger.warning("open of shard %d failed: %s", st.shard, exc)
-                if st.reason is None:
+                if st.reason is None and isinstance(exc, OutdatedGeneration):
+                    st.reason, st.highest = Reason.OUTDATED, exc.highest
+                elif st.reason is None:
                     st.reason = Reason.OPEN_FAILED
                 return False
             return True
@@ -634,7 +641,7 @@ class Runner:
         self.telemetry.emit(Closed(cluster=self.cluster, node=self.node, shard=st.shard,
                                    reason=reason.value))
         if self.on_closed is not None:
-            self.on_closed(st.shard, reason)
+            self.on_closed(st.shard, reason, st.highest if reason is Reason.OUTDATED else None)
         self._wake.set()
 
 

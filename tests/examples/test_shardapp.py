@@ -174,10 +174,36 @@ async def test_a_stale_owner_is_fenced_by_the_newer_generation(
     for app in (a, await make_app()):
         lower = await app.open(3, 1)
         assert lower.status == 409, lower
-        assert lower.body["error"] == "newer_owner" and lower.body["stored_generation"] == 2
+        assert lower.body["error"] == "outdated_generation"
+        assert lower.body["highest_generation"] == 2
     assert stored(s3_server, s3_bucket, 3)["generation"] == 2
     assert (await b.put(mine[0], "still mine")).status == 200
     assert a.app.describe()["stats"]["fences"] == 1
+
+
+async def test_a_generation_opened_by_another_owner_is_refused_with_the_generation(
+        make_app: MakeApp, s3_server: S3Server, s3_bucket: str) -> None:
+    """The lease store lost shard 3's record (a store change, a deleted or
+    garbage record, every agent restarted), so a claim starts over at a
+    generation the storage already holds: the storage cannot tell the two
+    owners of one generation apart, so the open is refused, naming the
+    highest one (issue 18, item 4); an open above it works. The same
+    instance re-opening the generation it holds is an idempotent retry."""
+    a, b = await make_app(), await make_app()
+    key = keys_of(3, 1)[0]
+    assert (await a.open(3, 4)).status == 200
+    assert (await a.put(key, "a")).status == 200
+    assert (await a.open(3, 4)).status == 200  # a retry by the same instance
+    for generation in (1, 4):  # below it, and the very same one from elsewhere
+        refused = await b.open(3, generation)
+        assert refused.status == 409, refused
+        assert refused.body["error"] == "outdated_generation"
+        assert refused.body["highest_generation"] == 4
+    assert (await a.put(key, "still a")).status == 200  # refused opens fence nobody
+    assert (await b.open(3, 5)).status == 200
+    assert (await a.put(key, "late")).status == 409  # fenced by 5
+    assert (await b.get(key)).body["value"] == "still a"
+    assert stored(s3_server, s3_bucket, 3)["generation"] == 5
 
 
 async def test_writes_racing_a_takeover_are_either_kept_or_refused(
@@ -254,7 +280,7 @@ async def test_reopen_at_the_same_generation_and_close(
     assert (await a.get(key)).body == {"key": key, "value": "y", "shard": 2, "generation": 6}
     # A late open of an older generation is refused and leaves the shard open.
     late = await a.open(2, 5)
-    assert late.status == 409 and late.body["stored_generation"] == 6
+    assert late.status == 409 and late.body["highest_generation"] == 6
     assert (await a.put(key, "w")).status == 200
 
 
@@ -281,7 +307,7 @@ async def test_every_call_names_its_generation_and_older_calls_lose(
 
 async def test_the_http_host_sends_the_generation_and_its_own_timeouts(
         make_app: MakeApp) -> None:
-    from shardlease.errors import HostError
+    from shardlease.errors import HostError, OutdatedGeneration
     from shardlease.hosts.http import HttpHost
 
     a = await make_app()
@@ -291,8 +317,9 @@ async def test_the_http_host_sends_the_generation_and_its_own_timeouts(
         assert a.app.open_shards[1].generation == 9
         await host.close(1)
         assert a.app.closed_at[1] == 9  # the close named generation 9
-        with pytest.raises(HostError, match="409"):
+        with pytest.raises(OutdatedGeneration) as late:
             await host.open(1, 9)  # the same generation again, after its close
+        assert late.value.highest == 9
     finally:
         await host.aclose()
     # A timeout is the caller's: tiny here, so the open fails as a HostError.

@@ -533,16 +533,12 @@ REGRESSIONS: list[Regression] = [
                              Reconfigure(at=566.0, node="n2", changes=(("interval", 18.0),)),
                              Reconfigure(at=593.0, node=None, changes=(("interval", 18.0),))),
                          kinds=("store_one", "reconfigure_interval", "corrupt"))),
-]
-
-#: Found or made cases whose bug is known and not fixed yet: each must still
-#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
-PENDING: list[Regression] = [
-    # Issue 18, item 4 (open): a claim over a record of pure garbage cannot
-    # know the generation it must go above; a node that restarted (and so
-    # knows no generation of its own) claims at 1 again: (b). Its fix reads
-    # the highest generation from elsewhere (the ShardSet status, the
-    # application's refusal).
+    # Issue 18, item 4: a claim over a record of pure garbage cannot know the
+    # generation it must go above; a node that restarted (and so knows no
+    # generation of its own) asked to open generation 1 again: (b). Fixed by
+    # the application's answer (OutdatedGeneration): it refuses a generation
+    # it has seen opened elsewhere, the lease is freed at its generation, and
+    # the next claim is above it.
     Regression("seed-2834780249",
                "garbage,host,crash,join,store_one: (b) shard 0: n0#1 asked to open generation 1 "
                "at 511.800 after n0 opened generation 1 at 53.148",
@@ -559,9 +555,9 @@ PENDING: list[Regression] = [
                          kinds=("garbage", "host", "crash", "join", "store_one"),
                          origin=2834780249)),
     # The same (issue 18, item 4), over records truncated and then made
-    # invalid while the only node was replaced under a hold: its new
-    # incarnation claims shard 3 at generation 1 again. Found by the
-    # explorer (seed 303, 540 s) at ae06b61; it reproduces at 9e2989d too.
+    # invalid (garbage: nothing left to recover) while the only node was
+    # replaced under a hold: its new incarnation claimed shard 3 at
+    # generation 1 again. Found by the explorer (seed 303, 540 s) at ae06b61.
     Regression("seed-464441333",
                "corrupt,handoff,lost_answers,reconfigure_margin: (b) shard 3: n0#1 asked to open "
                "generation 1 at 394.800 after n0 opened generation 1 at 28.320",
@@ -581,9 +577,33 @@ PENDING: list[Regression] = [
                          origin=464441333, hints=Hints(drop=0.0, delay=45.0))),
 ]
 
+
+def _store_change(renewal: Renewal) -> Regression:
+    """Issue 18, item 4, made by hand: the shard's generation climbs to 5
+    over crashes, then its record is deleted (a store change) and every node
+    restarts, so only the application knows 5. The claim at 1 is refused as
+    outdated; the next one (by either node) is at 6."""
+    return Regression(
+        f"a-store-that-lost-its-records-is-claimed-above-the-applications-{renewal}",
+        "store change: claimed at 1, refused (the application holds 5), then claimed at 6; "
+        "a free at the claim's own generation would climb one refusal (and cooldown) at a time",
+        SwarmCase(nodes=2, shards=1, seed=7, lease_ttl=6.0, interval=None, margin=None,
+                  max_concurrency=4, renewal=renewal, faults=(
+                      *(f for i in range(4) for f in (Crash(20.0 + 30 * i, f"n{i % 2}"),
+                                                      Join(35.0 + 30 * i, f"n{i % 2}"))),
+                      Corrupt(at=140.0, shard=0, how="deleted"),
+                      Crash(140.5, "n0"), Crash(140.5, "n1"),
+                      Join(150.0, "n0"), Join(150.0, "n1")),
+                  kinds=("garbage", "crash", "join")))
+
+
+REGRESSIONS += [_store_change("node"), _store_change("shard")]
+
+#: Found or made cases whose bug is known and not fixed yet: each must still
+#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
+PENDING: list[Regression] = [
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-#: "corrupt" joined "garbage" with seed-464441333: a truncated or invalid
-#: record loses its generation as garbage does. Fixing issue 18 item 4 brings
-#: both back into the swarm.
-PENDING_KINDS: tuple[str, ...] = ("garbage", "corrupt")
+PENDING_KINDS: tuple[str, ...] = ()

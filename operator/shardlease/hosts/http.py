@@ -34,6 +34,17 @@ may arrive before the open it extends has finished, and counts for it then.
 An application that does not keep deadlines ignores `validity_ms` and may
 answer `/lease` with any 2xx.
 
+A newer generation: an application whose storage (or memory) holds a
+generation for the shard at or above the one asked, that it did not open
+itself in this process, refuses the open with 409 and a JSON body naming it:
+    {"error": "outdated_generation", "highest_generation": N, ...}
+The agent then frees the lease with its generation raised to N, so the next
+claim (by any node) is at N + 1 or above. That is how a lease store that lost
+its records (a store change, a deleted or garbage record, every node
+restarted) never hands out a generation twice: the application is the one
+party that always knows the last one. An application that cannot tell gives
+any other non-2xx answer, which counts as a failed open.
+
 Abort: when a fenced close did not end before the lease could be taken by
 another node, the agent gives up on it and says `abort`: drop the shard at
 once (the generation still fences whatever the application does late).
@@ -47,17 +58,45 @@ alone, a short one of its own (`abort_timeout`), and turns every failure into
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
-from shardlease.errors import HostError
+from shardlease.errors import HostError, OutdatedGeneration
 from shardlease.hosts.base import Validity
 
 #: Seconds an abort may take: it is best effort, sent when a close already failed.
 ABORT_TIMEOUT = 2.0
+
+
+#: The most of an error answer read (a refusal's JSON is far smaller).
+MAX_ERROR_CHARS = 4096
+#: A highest generation the agent could not claim above (a signed 64-bit
+#: integer's range, where applications keep the token) is no answer.
+MAX_HIGHEST = 2**63 - 1
+
+
+def outdated(what: str, body: Mapping[str, Any], text: str) -> None:
+    """Raise `OutdatedGeneration` if a 409 answer to an open names a highest
+    generation at or above the one asked (the protocol above); anything else
+    (no JSON, no such field, a generation below the one asked) is left to be
+    an ordinary failed open."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return
+    highest = doc.get("highest_generation") if isinstance(doc, dict) else None
+    generation = body.get("generation")
+    if not isinstance(highest, int) or isinstance(highest, bool) \
+            or not isinstance(generation, int) or not generation <= highest < MAX_HIGHEST:
+        return
+    raise OutdatedGeneration(
+        f"{what}: the application has seen generation {highest} (asked {generation}): "
+        "freed to be claimed above it", shard=body["shard"], generation=generation,
+        highest=highest)
 
 
 def validity_ms(seconds: float) -> int:
@@ -99,8 +138,10 @@ class HttpHost:
             async with self._client().post(url, json=body,
                                            timeout=self.timeouts[action]) as resp:
                 if resp.status // 100 != 2:
-                    text = (await resp.text())[:200]
-                    raise HostError(f"{what}: {url} answered {resp.status}: {text}")
+                    text = (await resp.text())[:MAX_ERROR_CHARS]
+                    if action == "open" and resp.status == 409:
+                        outdated(what, body, text)
+                    raise HostError(f"{what}: {url} answered {resp.status}: {text[:200]}")
         except (aiohttp.ClientError, TimeoutError) as e:
             raise HostError(f"{what}: {url} failed: {e!r}") from e
 

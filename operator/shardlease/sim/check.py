@@ -9,7 +9,11 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  if the older one's deadline (its latest, up to the end of the
                  overlap) had passed when the newer one opened;
 (b) generations: the generations a host is asked to open, per shard and over
-                 all nodes, strictly increase;
+                 all nodes, strictly increase; except, once the shard's lease
+                 record lost its generation (garbage, deleted) since its last
+                 open, an ask the application does not accept (it refuses it
+                 as outdated): only the application knows the generation
+                 then, and the next ask must be above the last one opened;
 (c) quiescence:  every shard is open on exactly one live node, whose lease
                  (owner, incarnation, generation) it is, the loop holds what
                  its host has open, no live node has more than ceil(S/N), and
@@ -182,15 +186,32 @@ def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
     """(b)"""
     last: dict[int, tuple[int, str, float]] = {}
     problems = []
+    #: Shards whose record lost its generation since their last open.
+    lost: set[int] = set()
+    #: (node, shard) -> the problem an ask after such a loss is, if it opens.
+    asked: dict[tuple[str, int], str] = {}
     for ev in trace:
-        if ev.kind != "open_call":
-            continue
-        prev = last.get(ev.shard)
-        if prev is not None and ev.generation <= prev[0]:
-            problems.append(
-                f"(b) shard {ev.shard}: {ev.node} asked to open generation {ev.generation} at "
-                f"{ev.t:.3f} after {prev[1]} opened generation {prev[0]} at {prev[2]:.3f}")
-        last[ev.shard] = (ev.generation, ev.node, ev.t)
+        match ev.kind:
+            case "corrupted" if ev.generation < 0:
+                lost.add(ev.shard)
+            case "open_ok":
+                lost.discard(ev.shard)
+                if (problem := asked.pop((ev.node, ev.shard), None)) is not None:
+                    problems.append(problem)
+            case "open_err" | "open_cancel":
+                asked.pop((ev.node, ev.shard), None)
+            case "open_call":
+                prev = last.get(ev.shard)
+                if prev is None or ev.generation > prev[0]:
+                    last[ev.shard] = (ev.generation, ev.node, ev.t)
+                    continue
+                problem = (f"(b) shard {ev.shard}: {ev.node} asked to open generation "
+                           f"{ev.generation} at {ev.t:.3f} after {prev[1]} opened generation "
+                           f"{prev[0]} at {prev[2]:.3f}")
+                if ev.shard in lost:
+                    asked[(ev.node, ev.shard)] = problem
+                else:
+                    problems.append(problem)
     return problems
 
 

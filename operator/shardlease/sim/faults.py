@@ -123,9 +123,10 @@ class Corrupt:
     """At `at`, the lease record of `shard` is overwritten with bytes that are
     no lease (a new version): a hand edit, a bad tool, a disk error. `how`:
     "garbage" (nothing of the record left, its generation neither), "truncated"
-    (its first half: JSON cut short, the generation often still in it) or
+    (its first half: JSON cut short, the generation often still in it),
     "invalid" (the same JSON with its ttl made a string: every field but one
-    still readable). A shard without a record gets garbage."""
+    still readable), or "deleted" (the record removed: a deleted Lease, a store
+    changed under the cluster). A shard without a record gets garbage."""
 
     at: float
     shard: int
@@ -136,7 +137,7 @@ class Corrupt:
             raise ValueError(f"unknown corruption {self.how!r}; use one of {CORRUPTIONS}")
 
 
-CORRUPTIONS = ("garbage", "truncated", "invalid")
+CORRUPTIONS = ("garbage", "truncated", "invalid", "deleted")
 
 
 @dataclass(frozen=True)

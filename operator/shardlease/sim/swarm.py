@@ -56,12 +56,12 @@ KINDS: tuple[str, ...] = (
     "reconfigure_interval",
     "reconfigure_margin",
     "corrupt",  # a lease record made unreadable, its generation still in it
-    "garbage",  # a lease record overwritten with bytes that hold nothing of it
+    "garbage",  # a lease record overwritten with bytes that hold nothing of it, or deleted
 )
 
 #: The corruptions that leave the generation readable (`faults.Corrupt`);
-#: "garbage" is a kind of its own: a claim over it cannot know the generation
-#: (issue 18, item 4).
+#: "garbage" (and a deleted record) is a kind of its own: a claim over it
+#: learns the generation from the application only (`OutdatedGeneration`).
 READABLE_GENERATION = ("truncated", "invalid")
 
 #: The groups of store calls a one-call-kind fault picks from (a fault takes
@@ -307,7 +307,8 @@ class _Drawer:
                         self.rng.choice(READABLE_GENERATION))]
 
     def garbage(self) -> list[Fault]:
-        return [Corrupt(self.at(), self.rng.randrange(self.shards), "garbage")]
+        return [Corrupt(self.at(), self.rng.randrange(self.shards),
+                        self.rng.choice(("garbage", "deleted")))]
 
     def reconfigure_ttl(self) -> list[Fault]:
         if self.rng.random() < 0.3:

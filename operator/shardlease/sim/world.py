@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from shardlease.clock import LoopClock
-from shardlease.errors import HostError, StoreError
+from shardlease.errors import HostError, OutdatedGeneration, StoreError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
 from shardlease.records import (
@@ -51,6 +51,7 @@ from shardlease.records import (
     Renewal,
     Stored,
     decode_heartbeat,
+    recover_generation,
     stored_epoch,
     stored_lease,
 )
@@ -90,7 +91,9 @@ class TraceEvent:
     """One line of the trace. `node` is the node's label (its name, plus
     `#k` for its k-th restart). Kinds:
 
-    host side (recording host): open_call, open_ok, open_err, open_cancel,
+    host side (recording host): open_call, open_ok, open_err (`detail`
+    "outdated": refused for a generation at or below `value`, the highest
+    the application's storage holds, that another host opened), open_cancel,
     close_call, close_ok, close_err, close_cancel, abandoned (the runner
     reported the shard closed while the host still has it open);
     runner deadlines: deadline (`value` = the runner's new deadline);
@@ -379,6 +382,12 @@ class RecordingHost:
         if self.world.refuses(node.name, shard):
             node._record("open_err", shard, generation)
             raise HostError(f"this host refuses shard {shard}")
+        seen, by = self.world.app_generation.get(shard, (-1, ""))
+        if generation < seen or (generation == seen and by != node.label):
+            node._record("open_err", shard, generation, seen, "outdated")
+            raise OutdatedGeneration(f"shard {shard}: generation {seen} was opened by {by}",
+                                     shard=shard, generation=generation, highest=seen)
+        self.world.app_generation[shard] = (generation, node.label)
         node._record("open_ok", shard, generation)
         self.open_now[shard] = generation
         self.world.host_changed()
@@ -453,6 +462,11 @@ class World:
     #: The store keeps a free's reservation through later writes that do not
     #: name one (the Kubernetes store's merge patches did, before c22221f).
     sticky_reservations: bool = False
+    #: The application's fenced storage, shared by every node's host: per
+    #: shard, the highest generation opened and the host (label) that opened
+    #: it. A host refuses an open at or below it that it did not open itself
+    #: (`OutdatedGeneration`), as the example application does.
+    app_generation: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -730,8 +744,15 @@ class World:
                 fields = None
             if isinstance(fields, dict):
                 data = json.dumps({**fields, "ttl": "not a number"}).encode()
+        if how == "deleted":
+            self.backend.leases.pop((CLUSTER, shard), None)
+            self.record("*", "corrupted", shard, detail=how)
+            return
         self.backend.leases[(CLUSTER, shard)] = (self.backend.next_version(), data)
-        self.record("*", "corrupted", shard, detail=how)
+        # The generation a reader can still recover (-1: none): check (b).
+        recovered = recover_generation(data)
+        self.record("*", "corrupted", shard, -1 if recovered is None else recovered,
+                    detail=how)
 
     def read_leases(self) -> dict[int, Lease | None]:
         out: dict[int, Lease | None] = {}
