@@ -56,11 +56,12 @@ KINDS: tuple[str, ...] = (
     "reconfigure_interval",
     "reconfigure_margin",
     "corrupt",  # a lease record made unreadable, its generation still in it
-    "garbage",  # a lease record overwritten with bytes that hold nothing of it, or deleted
+    "garbage",  # a lease record overwritten with bytes that hold nothing of it
+    "deleted",  # a lease record deleted (by hand, a tool, a store changed under the cluster)
 )
 
 #: The corruptions that leave the generation readable (`faults.Corrupt`);
-#: "garbage" (and a deleted record) is a kind of its own: a claim over it
+#: "garbage" and "deleted" are kinds of their own: a claim over such a record
 #: learns the generation from the application only (`OutdatedGeneration`).
 READABLE_GENERATION = ("truncated", "invalid")
 
@@ -211,7 +212,7 @@ class _Drawer:
             "reconfigure_ttl": self.reconfigure_ttl,
             "reconfigure_interval": self.reconfigure_interval,
             "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
-            "garbage": self.garbage,
+            "garbage": self.garbage, "deleted": self.deleted,
         }
 
     def draw(self, kind: str) -> list[Fault]:
@@ -307,8 +308,10 @@ class _Drawer:
                         self.rng.choice(READABLE_GENERATION))]
 
     def garbage(self) -> list[Fault]:
-        return [Corrupt(self.at(), self.rng.randrange(self.shards),
-                        self.rng.choice(("garbage", "deleted")))]
+        return [Corrupt(self.at(), self.rng.randrange(self.shards), "garbage")]
+
+    def deleted(self) -> list[Fault]:
+        return [Corrupt(self.at(), self.rng.randrange(self.shards), "deleted")]
 
     def reconfigure_ttl(self) -> list[Fault]:
         if self.rng.random() < 0.3:
