@@ -6,6 +6,7 @@ exit statuses and stderr are the real ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -145,6 +146,39 @@ def test_owners_of_a_file_store_that_does_not_exist_says_so_and_fails(tmp_path: 
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert f"{missing} does not exist" in result.stderr
     assert not missing.exists(), "a read-only command must not create the store"
+
+
+def test_owners_watch_prints_a_document_per_read_and_rides_out_a_missing_store(
+        tmp_path: Path) -> None:
+    """`--watch`: one JSON document per line and read; a store that is not
+    there yet is reported and read again, and a lease written meanwhile
+    shows in a later read; SIGTERM ends it."""
+    store_dir = tmp_path / "later"
+    watch = subprocess.Popen([sys.executable, "-m", "shardlease", "owners", "--store",
+                              f"file://{store_dir}", "--cluster", "c", "--shards", "2",
+                              "-o", "json", "--watch", "0.1"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert watch.stderr is not None and watch.stdout is not None
+        assert "does not exist" in watch.stderr.readline()
+        assert "read again in 0.1s" in watch.stderr.readline()
+        store = FileStore(store_dir)
+        store_dir.mkdir()
+        asyncio.run(store.create_lease(Lease(cluster="c", shard=1, owner="a", generation=4,
+                                             write_id=new_write_id(), ttl=3)))
+        doc = json.loads(watch.stdout.readline())
+        assert [(s["shard"], s["owner"], s["generation"]) for s in doc["shards"]] \
+            == [(0, None, 0), (1, "a", 4)]
+        assert json.loads(watch.stdout.readline()) == doc  # read again, unchanged
+    finally:
+        watch.terminate()
+        watch.wait(10)
+
+
+@pytest.mark.parametrize("every", ["0", "-1", "5000"])
+def test_owners_watch_refuses_a_period_out_of_range(tmp_path: Path, every: str) -> None:
+    assert_config_error(shardlease("owners", "--store", f"file://{tmp_path}", "--cluster", "c",
+                                   "--watch", every), "--watch")
 
 
 def test_the_owners_table_aligns_columns_and_sums_up_per_owner() -> None:

@@ -1,7 +1,7 @@
 """The `shardlease` command: run a node, show the owners, run the demo, bench.
 
     shardlease node   --store URL --cluster NAME --name NAME --shards N [...]
-    shardlease owners --store URL --cluster NAME [--shards N] [-o table|json]
+    shardlease owners --store URL --cluster NAME [--shards N] [-o table|json] [--watch S]
     shardlease demo   [--nodes 3] [--shards 12] [--store file:///path]
     shardlease bench  [--quick]
 
@@ -280,6 +280,28 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
+    if args.watch is None:
+        return await _show_owners(args, store)
+    while True:  # until SIGINT or SIGTERM (or the parent's exit)
+        if args.parent_pid and os.getppid() != args.parent_pid:
+            return EXIT_OK
+        started = time.monotonic()
+        code = await _show_owners(args, store, watching=True)
+        if code != EXIT_OK:
+            print(f"shardlease: warning: read again in {args.watch:g}s", file=sys.stderr,
+                  flush=True)
+        await asyncio.sleep(max(0.0, args.watch - (time.monotonic() - started)))
+        # A store of its own for every read: a store object may answer a
+        # listing from its last one when no writer announced a move, and a
+        # hand edit announces nothing (stores/s3.py, FULL_LIST_EVERY); a
+        # watch shows what is there.
+        store = open_store(args.store)
+
+
+async def _show_owners(args: argparse.Namespace, store: LeaseStore,
+                       watching: bool = False) -> int:
+    """One read, printed: a JSON document on one line, or the table (under
+    --watch, each read's table after a line saying when it was read)."""
     try:
         rows, problems = await read_owners(store, args.cluster, args.shards, heartbeats=True)
     except ShardleaseError as e:
@@ -296,9 +318,11 @@ async def _owners(args: argparse.Namespace, store: LeaseStore) -> int:
                           "shards": [{"shard": r.shard, "owner": r.owner,
                                       "generation": r.generation, "since": r.since or None,
                                       "heartbeat": r.heartbeat, "renewal": r.renewal}
-                                     for r in rows]}))
+                                     for r in rows]}), flush=True)
     else:
-        print(owners_table(rows))
+        if watching:
+            print(f"-- {time.strftime('%H:%M:%S')}")
+        print(owners_table(rows), flush=True)
     return EXIT_OK
 
 
@@ -306,11 +330,17 @@ def cmd_owners(args: argparse.Namespace) -> int:
     setup_logging("text", "warning")
     if args.shards is not None and args.shards < 1:
         return _fail(f"--shards must be at least 1, not {args.shards}", EXIT_CONFIG)
+    if args.watch is not None and not 0.05 <= args.watch <= 3600:
+        return _fail(f"--watch must be between 0.05 and 3600 seconds, not {args.watch:g}",
+                     EXIT_CONFIG)
     try:
         store = open_store(args.store)
     except ConfigError as e:
         return _fail(str(e), EXIT_CONFIG)
-    return asyncio.run(_owners(args, store))
+    try:
+        return asyncio.run(_owners(args, store))
+    except KeyboardInterrupt:
+        return EXIT_OK  # (--watch ends with ^C)
 
 
 # -- demo --------------------------------------------------------------------------
@@ -426,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
     owners.add_argument("--cluster", required=True)
     owners.add_argument("--shards", type=int, help="shards 0..N-1 (default: highest seen + 1)")
     owners.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    owners.add_argument("--watch", type=float, metavar="SECONDS",
+                        help="read again every SECONDS until interrupted (with -o json: one "
+                             "document per line); a failed read is reported and retried")
+    owners.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     owners.set_defaults(func=cmd_owners)
 
     demo = sub.add_parser("demo", help="run several nodes locally through a kill and a join",

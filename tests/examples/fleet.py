@@ -10,7 +10,6 @@ client was told and what S3 holds, never durations.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import signal
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from shardlease.routing import shard_for_key
+from tests.support.owners_watch import OwnersWatch
 
 #: Seconds any one wait may take before the test fails (CI machines are slow).
 WAIT = 120.0
@@ -87,6 +87,8 @@ class Fleet:
     app_urls: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Proc] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
+    #: The `shardlease owners --watch` process `owners()` reads.
+    watch: OwnersWatch | None = None
 
     def _spawn(self, kind: str, name: str, command: list[str]) -> Proc:
         log = self.workdir / f"{kind}-{name}.log"
@@ -133,6 +135,8 @@ class Fleet:
         return {name: proc.popen.wait(WAIT) for name, proc in self.nodes.items()}
 
     def cleanup(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         for proc in [*self.nodes.values(), *self.apps.values()]:
             if proc.alive():
                 if proc.name in self.paused:
@@ -154,19 +158,13 @@ class Fleet:
     # -- views ---------------------------------------------------------------------
 
     async def owners(self) -> Owners:
-        """`shardlease owners -o json`: the leases, as a user reads them."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shardlease", "owners", "--store", self.lease_store,
-            "--cluster", self.cluster, "--shards", str(self.shards), "-o", "json",
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), WAIT)
-        if proc.returncode == 1 and b"does not exist" in err:
-            # A file store is made by the first node's first write: until
-            # then `owners` says it does not exist, and nobody owns anything.
-            return [{"shard": s, "owner": None, "generation": 0} for s in range(self.shards)]
-        assert proc.returncode == 0, err.decode()
-        shards: Owners = json.loads(out)["shards"]
-        return shards
+        """`shardlease owners -o json`: the leases, as a user watching them
+        reads them (`--watch`; a read that began after this call)."""
+        if self.watch is None or self.watch.store != self.lease_store:
+            if self.watch is not None:
+                self.watch.close()
+            self.watch = OwnersWatch(self.lease_store, self.cluster, self.shards, timeout=WAIT)
+        return await asyncio.to_thread(self.watch.read)
 
     async def app_views(self, http: aiohttp.ClientSession) -> dict[str, dict[str, Any]]:
         """GET /shards of every app: what each has open, at which generation."""

@@ -9,7 +9,6 @@ checks orderings and invariants, never how long something took.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlease.checker import Report, check_events, load_events
+from tests.support.owners_watch import OwnersWatch
 
 #: Seconds any one wait may take before the test fails (CI machines are slow).
 WAIT = 90.0
@@ -58,6 +58,8 @@ class LocalCluster:
     paused: set[str] = field(default_factory=set)
     #: Nodes this test killed or terminated (their exit is expected).
     stopped: set[str] = field(default_factory=set)
+    #: The `shardlease owners --watch` process `owners()` reads (started on first use).
+    watch: OwnersWatch | None = None
 
     def __post_init__(self) -> None:
         (self.workdir / "events").mkdir(parents=True, exist_ok=True)
@@ -142,6 +144,8 @@ class LocalCluster:
             if node.alive():
                 node.proc.kill()
                 node.proc.wait()
+        if self.watch is not None:
+            self.watch.close()
 
     # -- what the store says -------------------------------------------------------
 
@@ -151,16 +155,12 @@ class LocalCluster:
                               stdin=subprocess.DEVNULL)
 
     def owners(self) -> Owners:
-        result = self.shardlease("owners", "--store", self.store_url, "--cluster", self.name,
-                                 "--shards", str(self.shards), "-o", "json")
-        if result.returncode == 1 and "does not exist" in result.stderr:
-            # A file store is made by the first node's first write: until
-            # then `owners` says it does not exist, and nobody owns anything.
-            return [{"shard": s, "owner": None, "generation": 0} for s in range(self.shards)]
-        assert result.returncode == 0, result.stderr
-        shards: Owners = json.loads(result.stdout)["shards"]
-        assert [s["shard"] for s in shards] == list(range(self.shards))
-        return shards
+        """`shardlease owners -o json`, as a user watching them (`--watch`):
+        a read that began after this call."""
+        if self.watch is None:
+            self.watch = OwnersWatch(self.store_url, self.name, self.shards, env=self._env(),
+                                     timeout=WAIT)
+        return self.watch.read()
 
     def wait_owners(self, what: str, ok: Callable[[Owners], bool],
                     timeout: float = WAIT) -> Owners:
