@@ -9,17 +9,23 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
+from jsonschema import Draft202012Validator
 
+from shardlease import conformance
 from shardlease.clock import LoopClock
 from shardlease.errors import HostError, OutdatedGeneration
 from shardlease.hosts.base import LeasedHost, Validity
 from shardlease.hosts.http import HttpHost, validity_ms
 from shardlease.runner import Runner, State
 from shardlease.telemetry import Event, ExtendFailed, Telemetry
+
+SPEC = Path(__file__).parents[1] / "docs" / "host-api.yaml"
 
 
 @dataclass
@@ -96,6 +102,51 @@ async def test_the_wire_format_of_open_lease_and_abort(app: App) -> None:
         ("/shards/3/close", {"shard": 3, "generation": 7}),
         ("/shards/4/open", {"shard": 4, "generation": 1}),
     ]
+
+
+def spec_validator(path: str, status: str | None = None) -> Draft202012Validator:
+    """The JSON schema docs/host-api.yaml gives a path's request body (or,
+    with `status`, the open's answer of that status), references resolved."""
+    spec = yaml.safe_load(SPEC.read_text())
+    post = spec["paths"][path]["post"]
+    content = post["responses"][status] if status else post["requestBody"]
+    schema = content["content"]["application/json"]["schema"]
+    # OpenAPI 3.1 schemas are JSON Schema 2020-12: the spec is their root.
+    return Draft202012Validator({**schema, "components": spec["components"]})
+
+
+async def test_what_the_agent_sends_is_what_docs_host_api_yaml_says(app: App) -> None:
+    host = HttpHost(app.url, open_timeout=5, close_timeout=5)
+    try:
+        await host.open_for(3, 7, 9.5)
+        await host.open(4, 1)
+        await host.extend({5: Validity(2, 1.25), 3: Validity(7, 10.0)})
+        await host.abort(3, 7)
+        await host.close(3)
+        await host.close(6)  # never opened here: no generation to name
+    finally:
+        await host.aclose()
+    templates = {"open": "/shards/{shard}/open", "close": "/shards/{shard}/close",
+                 "abort": "/shards/{shard}/abort", "lease": "/lease"}
+    for path, body in app.requests:
+        template = templates[path.rsplit("/", 1)[-1]]
+        errors = [e.message for e in spec_validator(template).iter_errors(body)]
+        assert errors == [], (path, body, errors)
+    # And the spec is no blank check: what the agent never sends is refused.
+    assert not spec_validator("/shards/{shard}/open").is_valid({"shard": 1})
+    assert not spec_validator("/shards/{shard}/abort").is_valid({"shard": 1, "gen": 2})
+    assert not spec_validator("/lease").is_valid({"leases": [{"shard": 1, "generation": 2}]})
+    # The outdated answer, as the agent reads it (hosts/http.py: outdated).
+    outdated = spec_validator("/shards/{shard}/open", "409")
+    assert outdated.is_valid({"error": "outdated_generation", "highest_generation": 9})
+    assert not outdated.is_valid({"error": "outdated_generation"})
+
+
+def test_the_spec_lists_the_rules_the_conformance_kit_checks() -> None:
+    spec = yaml.safe_load(SPEC.read_text())
+    assert spec["openapi"] == "3.1.0"
+    assert [(r["id"], r["level"]) for r in spec["x-rules"]] \
+        == [(r.id, r.level) for r in conformance.RULES]
 
 
 async def test_a_refused_lease_or_abort_is_a_host_error(app: App) -> None:

@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 TOOLS = ("shardlease.demo", "shardlease.demo_view", "shardlease.bench",
-         "shardlease.faultproxy", "shardlease.checker", "shardlease.sim", "rich", "moto")
+         "shardlease.faultproxy", "shardlease.checker", "shardlease.sim",
+         "shardlease.conformance", "rich", "moto")
 
 PROBE = """
 import json, resource, sys

@@ -2,6 +2,7 @@
 
     shardlease node   --store URL --cluster NAME --name NAME --shards N [...]
     shardlease owners --store URL --cluster NAME [--shards N] [-o table|json] [--watch S]
+    shardlease conformance URL [--shard S] [--generation G] [-o table|json]
     shardlease demo   [--nodes 3] [--shards 12] [--store file:///path]
     shardlease bench  [--quick]
 
@@ -408,6 +409,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+# -- conformance -------------------------------------------------------------------
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    # Imported here: the agent and the operator never load the kit.
+    from shardlease import conformance
+
+    setup_logging("text", "warning")
+    if not args.url.startswith(("http://", "https://")):
+        return _fail(f"URL must be http:// or https://, not {args.url!r}", EXIT_CONFIG)
+    if args.shard < 0:
+        return _fail(f"--shard must be at least 0, not {args.shard}", EXIT_CONFIG)
+    if args.generation is not None and not 1 <= args.generation < 2**62:
+        return _fail(f"--generation must be between 1 and 2**62, not {args.generation}",
+                     EXIT_CONFIG)
+    findings = asyncio.run(conformance.run(args.url, shard=args.shard,
+                                           generation=args.generation))
+    if args.output == "json":
+        print(json.dumps({"url": args.url, "findings": [
+            {"rule": f.rule, "level": f.level, "passed": f.passed, "message": f.message}
+            for f in findings]}))
+    else:
+        print(conformance.report(findings))
+    broken = any(not f.passed and f.level == "MUST" for f in findings)
+    return EXIT_FAILED if broken else EXIT_OK
+
+
 # -- the parser --------------------------------------------------------------------
 
 
@@ -461,6 +489,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "document per line); a failed read is reported and retried")
     owners.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     owners.set_defaults(func=cmd_owners)
+
+    conf = sub.add_parser(
+        "conformance", help="check a running application against the host protocol",
+        description="Drive the application at URL through the host protocol's rules "
+        "(docs/host-api.yaml) on one shard and print which it keeps and which it breaks; "
+        "exit 1 if a MUST rule is broken. It opens and closes that shard: use a test "
+        "instance.")
+    conf.add_argument("url", help="the application's base URL, e.g. http://127.0.0.1:8080")
+    conf.add_argument("--shard", type=int, default=0, help="the shard to use (0)")
+    conf.add_argument("--generation", type=int,
+                      help="generations used are above this (default: seconds since 1970)")
+    conf.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    conf.set_defaults(func=cmd_conformance)
 
     demo = sub.add_parser("demo", help="run several nodes locally through a kill and a join",
                           description="Start node processes on a file store, kill one, "
