@@ -42,8 +42,10 @@ def _uid() -> str:
 
 @pytest.fixture(scope="module")
 def cluster(helm, kubectl, kubeconfig) -> Iterator[Cluster]:
+    # (With the optional NetworkPolicy: the API server validates it too.)
     out = helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NS,
-                   "--create-namespace", kubeconfig=kubeconfig).stdout
+                   "--create-namespace", "--set", "networkPolicy.enabled=true",
+                   kubeconfig=kubeconfig).stdout
     kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
                 "crd/shardsets.shardlease.io")
     app, other = f"app-{_uid()}", f"other-{_uid()}"
@@ -81,6 +83,7 @@ def test_installed_objects(cluster, kubectl):
     for kind, name, ns in [
         ("deployment", "shardlease", RELEASE_NS),
         ("service", "shardlease", RELEASE_NS),
+        ("networkpolicy", "shardlease", RELEASE_NS),
         ("serviceaccount", "shardlease", RELEASE_NS),
         ("secret", "shardlease-webhook-tls", RELEASE_NS),
         ("clusterrole", "shardlease-operator", None),

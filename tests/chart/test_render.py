@@ -541,6 +541,29 @@ def test_monitors_are_off_by_default_and_scrape_the_operator_and_every_agent(hel
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "shardlease"
 
 
+def test_the_network_policy_is_off_by_default_and_opens_only_the_operators_ports(helm):
+    assert not by_kind(helm.template(), "NetworkPolicy")
+    docs = helm.template("--set", "networkPolicy.enabled=true")
+    policy = one(docs, "NetworkPolicy")
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() \
+        <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    named = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"]
+             for p in c.get("ports", [])}
+    rules = policy["spec"]["ingress"]
+    # The webhook's port from anywhere (the API server), 8080 from anywhere by default.
+    assert [[p["port"] for p in r["ports"]] for r in rules] == [["webhook"], ["http"]]
+    assert {"webhook", "http"} <= named.keys() and "from" not in rules[0] \
+        and "from" not in rules[1]
+    peers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    docs = helm.template("--set", "networkPolicy.enabled=true", "--set-json",
+                         f"networkPolicy.metricsFrom={json.dumps(peers)}")
+    rules = one(docs, "NetworkPolicy")["spec"]["ingress"]
+    assert "from" not in rules[0] and rules[1]["from"] == peers
+
+
 def test_replicas_elect_a_leader_and_keep_one_through_disruptions(helm):
     docs = helm.template()
     dep = one(docs, "Deployment")
