@@ -168,28 +168,30 @@ async def closed_generation_refused(app: App, shard: int, g: int) -> None:
                    await app.open(shard, g))
 
 
+async def still_open(app: App, shard: int, g: int, after: str, meaning: str = "") -> None:
+    """Generation g is still open after `after`: its open again is a retry
+    (2xx); had it been closed, the open of a closed generation would be
+    refused. Then close it."""
+    answer = await app.open(shard, g)
+    if not answer.ok:
+        raise Broken(f"after {after}, generation {g} is no longer open (its open again "
+                     f"answered {answer}){': ' + meaning if meaning else ''}")
+    expect_ok(f"close of generation {g}", await app.close(shard, g))
+
+
 async def older_close_ignored(app: App, shard: int, g: int) -> None:
     expect_ok(f"open shard {shard} at generation {g}", await app.open(shard, g))
     expect_ok(f"close of generation {g - 1}, older than the one open (to be ignored)",
               await app.close(shard, g - 1))
-    # Still open at g: its open again is a retry (2xx); had the older close
-    # closed it, the open of a closed generation would be refused.
-    answer = await app.open(shard, g)
-    if not answer.ok:
-        raise Broken(f"after a close of generation {g - 1}, generation {g} is no longer open "
-                     f"(its open again answered {answer}): an older close closed a newer open")
-    expect_ok(f"close of generation {g}", await app.close(shard, g))
+    await still_open(app, shard, g, f"a close of generation {g - 1}",
+                     "an older close closed a newer open")
 
 
 async def older_open_refused(app: App, shard: int, g: int) -> None:
     expect_ok(f"open shard {shard} at generation {g}", await app.open(shard, g))
     expect_refused(f"an open of generation {g - 1} while {g} is open",
                    await app.open(shard, g - 1))
-    answer = await app.open(shard, g)
-    if not answer.ok:
-        raise Broken(f"after a refused open of generation {g - 1}, generation {g} is no longer "
-                     f"open (its open again answered {answer})")
-    expect_ok(f"close of generation {g}", await app.close(shard, g))
+    await still_open(app, shard, g, f"a refused open of generation {g - 1}")
 
 
 async def outdated_answer(app: App, shard: int, g: int) -> None:
@@ -220,11 +222,8 @@ async def older_abort_ignored(app: App, shard: int, g: int) -> None:
     expect_ok(f"open shard {shard} at generation {g}", await app.open(shard, g))
     expect_ok(f"abort of generation {g - 1}, older than the one open (to be ignored)",
               await app.abort(shard, g - 1))
-    answer = await app.open(shard, g)
-    if not answer.ok:
-        raise Broken(f"after an abort of generation {g - 1}, generation {g} is no longer open "
-                     f"(its open again answered {answer}): an older abort dropped a newer open")
-    expect_ok(f"close of generation {g}", await app.close(shard, g))
+    await still_open(app, shard, g, f"an abort of generation {g - 1}",
+                     "an older abort dropped a newer open")
 
 
 async def bad_requests(app: App, shard: int, g: int) -> None:

@@ -144,6 +144,18 @@ class Fleet:
                 proc.popen.kill()
                 proc.popen.wait()
 
+    async def apps_serving(self, http: aiohttp.ClientSession) -> None:
+        """Until every app started answers /healthz."""
+        for name, url in self.app_urls.items():
+            async def healthy(url: str = url) -> bool:
+                self.check_alive()
+                try:
+                    async with http.get(f"{url}/healthz") as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+            await wait_for(f"app {name} serving", healthy, describe=self.describe)
+
     def check_alive(self) -> None:
         for kind, procs in (("node", self.nodes), ("app", self.apps)):
             for name, proc in procs.items():

@@ -20,7 +20,7 @@ from aiohttp import web
 from shardlease.conformance import RULES
 from tests.support.s3server import S3Server
 
-from .fleet import Fleet, wait_for
+from .fleet import Fleet
 
 pytest_plugins = ["tests.support.s3server"]
 
@@ -41,14 +41,8 @@ async def test_the_example_application_keeps_every_rule(
     try:
         url = fleet.start_app("a")
 
-        async def healthy() -> bool:
-            fleet.check_alive()
-            try:
-                async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
-                    return resp.status == 200
-            except aiohttp.ClientError:
-                return False
-        await wait_for("the app answering", healthy, describe=fleet.describe)
+        async with aiohttp.ClientSession() as http:
+            await fleet.apps_serving(http)
         code, out, err = await conformance(url, "--shard", "2")
         assert code == 0, out + err
         assert f"conformance: {len(RULES)} rules kept, 0 broken (MUST), 0 warned" in out, out

@@ -88,15 +88,7 @@ async def test_a_store_change_and_garbage_records_never_hand_out_a_generation_tw
     try:
         for name in NAMES:
             fleet.start_app(name)
-        for name, url in fleet.app_urls.items():
-            async def healthy(url: str = url) -> bool:
-                fleet.check_alive()
-                try:
-                    async with http.get(f"{url}/healthz") as resp:
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-            await wait_for(f"app {name} serving", healthy, describe=fleet.describe)
+        await fleet.apps_serving(http)
         writer = asyncio.create_task(client.run(stop))
 
         first = await phase("store A", above={})

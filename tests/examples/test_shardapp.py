@@ -506,15 +506,7 @@ async def test_nodes_fence_a_paused_owner_through_the_app(
         names = ["n1", "n2", "n3"]
         for name in names:
             fleet.start_app(name, "--ignore-validity")
-        for name, url in fleet.app_urls.items():
-            async def healthy(url: str = url) -> bool:
-                fleet.check_alive()
-                try:
-                    async with http.get(f"{url}/healthz") as resp:
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-            await wait_for(f"app {name} serving", healthy, describe=fleet.describe)
+        await fleet.apps_serving(http)
         for name in names:
             fleet.start_node(name)
 

@@ -130,15 +130,7 @@ async def paused_agent(s3_server: S3Server, bucket: str, workdir: Path,
         names = ["n1", "n2", "n3"]
         for name in names:
             fleet.start_app(name, *app_args)
-        for name, url in fleet.app_urls.items():
-            async def healthy(url: str = url) -> bool:
-                fleet.check_alive()
-                try:
-                    async with http.get(f"{url}/healthz") as resp:
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-            await wait_for(f"app {name} serving", healthy, describe=fleet.describe)
+        await fleet.apps_serving(http)
         for name in names:
             fleet.start_node(name)
         before = await wait_for("3 nodes balanced, each shard open on its owner's app",
