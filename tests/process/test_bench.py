@@ -56,7 +56,7 @@ FIGURES = [
 
 def test_bench_quick_prints_every_figure() -> None:
     result = subprocess.run([sys.executable, "-m", "shardlease", "bench", "--quick"],
-                            capture_output=True, text=True, timeout=600,
+                            capture_output=True, text=True, timeout=900,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout + result.stderr
     missing = [f for f in FIGURES if not re.search(f, result.stdout)]
