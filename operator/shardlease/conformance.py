@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import aiohttp
 
+from shardlease.errors import ShardleaseError
+
 #: Seconds one call may take before the check fails.
 CALL_TIMEOUT = 10.0
 #: The generation band of each check: check k uses base + STEP * k + 0..STEP-1.
@@ -60,8 +62,9 @@ class Finding:
     message: str
 
 
-class Broken(Exception):
-    """A rule broken: the message says what was sent and what came back."""
+class Broken(ShardleaseError):
+    """A rule broken: the message says what was sent and what came back
+    (caught by `run`, which turns it into a finding)."""
 
     def __init__(self, message: str, level: Level | None = None) -> None:
         super().__init__(message)
