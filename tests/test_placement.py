@@ -23,6 +23,7 @@ from shardlease.placement import (
     Plan,
     View,
     cooldown,
+    failures_after,
     fair_share,
     plan,
     preference,
@@ -417,3 +418,27 @@ def test_after_its_first_intervals_a_node_claims_what_is_kept_for_it_within_its_
     assert plan(later).claim == ()
     below = replace(view(held=at_share[:2], candidates=(*kept, free(7))), returning=False)
     assert plan(below).claim == (1, 3)
+
+
+@pytest.mark.parametrize(("previous", "failed", "outdated", "after"), [
+    (None, True, False, 1),
+    (2, True, False, 3),
+    (None, False, True, 0),
+    (0, False, True, 1),
+    (1, False, True, 2),
+    (0, True, False, 1),
+    (None, False, False, None),
+    (3, False, False, None),
+], ids=[
+    "a failed open: the first in a row",
+    "...and the next",
+    "refused as outdated: claimed again at once (no pause)",
+    "refused as outdated a second time in a row: cooled",
+    "...and doubling from there",
+    "a failed open after an outdated one counts on",
+    "any other close: nothing to cool",
+    "...and it clears the count",
+])
+def test_failed_opens_in_a_row(previous: int | None, failed: bool, outdated: bool,
+                               after: int | None) -> None:
+    assert failures_after(previous, failed=failed, outdated=outdated) == after

@@ -926,17 +926,18 @@ class PlacementLoop:
     def _cool(self, shard: int, reason: Reason) -> None:
         """After a failed open, this node leaves the shard alone for a while
         (doubling, with jitter): no claim-open-fail-free loop, and peers get
-        to see it free for a TTL and adopt it. Any other close resets it.
-        An open refused for a newer generation is claimed again at once
-        (above it, a different open), and cooled only from the second in a
-        row: a host that keeps saying so is failing."""
-        if reason is Reason.OUTDATED and shard not in self._cooldown:
-            self._cooldown[shard] = _Cooldown(0, self.clock.monotonic())
-            return
-        if reason not in (Reason.OPEN_FAILED, Reason.OUTDATED):
+        to see it free for a TTL and adopt it (`placement.failures_after`
+        says how many in a row, `placement.cooldown` for how long)."""
+        previous = self._cooldown.get(shard)
+        failures = placement.failures_after(
+            previous.failures if previous is not None else None,
+            failed=reason is Reason.OPEN_FAILED, outdated=reason is Reason.OUTDATED)
+        if failures is None:
             self._cooldown.pop(shard, None)
             return
-        failures = self._cooldown[shard].failures + 1 if shard in self._cooldown else 1
+        if failures == 0:
+            self._cooldown[shard] = _Cooldown(0, self.clock.monotonic())
+            return
         pause = placement.cooldown(failures, self.ttl, self.rng.uniform(1.0, 1.5))
         self._cooldown[shard] = _Cooldown(failures, self.clock.monotonic() + pause)
         logger.info("shard %d failed to open here (%d time(s)); not claimed again for %.3gs",

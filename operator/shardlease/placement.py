@@ -64,6 +64,7 @@ __all__ = [
     "Plan",
     "View",
     "cooldown",
+    "failures_after",
     "fair_share",
     "plan",
     "preference",
@@ -236,6 +237,19 @@ def _excess(node: str, keep: list[Held], share: int) -> tuple[int, ...]:
         return (h.adopted, h.opened, -h.claimed_in, preference(node, h.shard))
 
     return tuple(h.shard for h in sorted(keep, key=cost)[:excess])
+
+
+def failures_after(previous: int | None, *, failed: bool, outdated: bool) -> int | None:
+    """The failed opens in a row a close leaves on a shard (None: none, the
+    shard is not cooled), from the count before it. An open refused as
+    outdated is claimed again at once (above the host's generation: another
+    open), so the first in a row counts 0 (no pause); from the second on, the
+    host is failing like any other. Any other close clears the count."""
+    if outdated and previous is None:
+        return 0
+    if not (failed or outdated):
+        return None
+    return (previous or 0) + 1
 
 
 def cooldown(failures: int, ttl: float, jitter: float) -> float:
