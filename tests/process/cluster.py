@@ -105,6 +105,14 @@ class LocalCluster:
             self.stopped.add(name)
         if sig is signal.SIGSTOP:
             self.paused.add(name)
+            # A signal is delivered asynchronously: wait until the kernel
+            # shows it stopped, so that what it recorded so far is final.
+            stat = Path(f"/proc/{self.nodes[name].proc.pid}/stat")
+            end = time.monotonic() + WAIT
+            while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                if time.monotonic() > end:
+                    raise AssertionError(f"{name} did not stop on SIGSTOP")
+                time.sleep(0.01)
         elif sig is signal.SIGCONT:
             self.paused.discard(name)
 

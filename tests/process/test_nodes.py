@@ -59,6 +59,20 @@ def opened_elsewhere(events: list[dict[str, Any]], node: str, after: float) -> s
             if e["event"] == "open_end" and e["node"] != node and e["wall"] > after}
 
 
+def open_on(events: list[dict[str, Any]], node: str) -> dict[int, int]:
+    """shard -> generation of what `node`'s host has open (or is opening) by
+    its own recording. Read after the node was stopped, this is exactly what
+    it had when stopped; the store's owners read earlier may be stale, since
+    a shard can move between the balance and the signal."""
+    last: dict[int, dict[str, Any]] = {}
+    for e in sorted(events, key=lambda e: e["wall"]):
+        if e["node"] == node and e["event"] in (
+                "open_start", "open_end", "opened", "close_start", "close_end", "closed"):
+            last[e["shard"]] = e
+    return {s: e["generation"] for s, e in last.items()
+            if e["event"] in ("open_start", "open_end", "opened")}
+
+
 def start_balanced(cluster: LocalCluster, names: list[str]) -> list[dict[str, Any]]:
     for name in names:
         cluster.start(name)
@@ -98,11 +112,12 @@ def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
     assert {r[1] for r in rows} == set(NAMES)  # every owner has a heartbeat: no "*"
     assert all(r[3].endswith("s") for r in rows), table.stdout  # claimed seconds ago
     victim = "n1"
-    lost = held_by(before, victim)
-    assert lost
+    assert held_by(before, victim)
 
     killed_at = time.time()
     cluster.kill(victim)
+    lost = open_on(cluster.events(), victim)
+    assert lost, cluster.log_tail(victim)
     survivors = set(NAMES) - {victim}
     after = cluster.wait_balanced("after kill -9", survivors)
     for shard, generation in lost.items():
@@ -117,10 +132,12 @@ def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
 def test_a_node_paused_beyond_the_ttl_is_fenced_and_rejoins(cluster: LocalCluster) -> None:
     before = start_balanced(cluster, NAMES)
     victim = "n2"
-    held = held_by(before, victim)
+    assert held_by(before, victim)
 
     paused_at = time.time()
     cluster.signal(victim, signal.SIGSTOP)
+    held = open_on(cluster.events(), victim)
+    assert held, cluster.log_tail(victim)
     others = set(NAMES) - {victim}
     during = cluster.wait_balanced(f"while {victim} is paused", others)
     assert all(during[s]["generation"] > g for s, g in held.items())

@@ -1,6 +1,6 @@
 """S3 servers for the tests, on loopback, started by the tests themselves.
 
-Two kinds: moto's S3 server, run in a thread of the test process on a free
+Two kinds: moto's S3 server, run in a child process on a free
 port, and a real MinIO process (the `minio` fixture). Child processes reach
 either over HTTP like any S3 endpoint, so they serve process tests too.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -74,48 +74,31 @@ class S3Server:
         return f"s3://{bucket}{path}?endpoint={self.endpoint}&path_style=true"
 
 
-class _OneAtATime:
-    """Serve one request at a time.
-
-    moto's S3 checks a PUT's If-Match/If-None-Match and then stores the object
-    without a lock: under a threaded server two concurrent creates of one key
-    can both succeed (and an overwrite can break a concurrent read). Real S3
-    is atomic per key; serialising requests makes moto so too.
-    """
-
-    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
-        self.app = app
-        self.lock = threading.Lock()
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        with self.lock:
-            return list(self.app(environ, start_response))
-
-
 @contextmanager
 def moto_server() -> Iterator[S3Server]:
-    """moto's S3 server on a free loopback port, in a daemon thread."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import make_server
+    """moto's S3 server on a free loopback port, in a child process (see
+    tests/support/motoserve.py for why not a thread)."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    class Quiet(MotoRequestHandler):  # type: ignore[misc]
-        def log_request(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-    app = _OneAtATime(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
-    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
-    thread.start()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("motoserve.py"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        yield S3Server(kind="moto", endpoint=f"http://127.0.0.1:{server.server_port}")
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.strip().isdigit():
+            pytest.fail(f"moto's S3 server did not start (exit {proc.poll()}): {line!r}",
+                        pytrace=False)
+        yield S3Server(kind="moto", endpoint=f"http://127.0.0.1:{int(line)}")
     finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        server.server_close()
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 @contextmanager
