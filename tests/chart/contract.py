@@ -41,7 +41,8 @@ AGENT_RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("", "pods", ("get", "list", "watch"), ()),
     # handoff: hold reads the StatefulSet's replicas as a pod stops.
     ("apps", "statefulsets", ("get",), ()),
-    ("", "events", ("create", "patch"), ()),
+    # Its own events; list: a drain is honoured on the kubelet's Killing event.
+    ("", "events", ("create", "patch", "list"), ()),
     ("events.k8s.io", "events", ("create", "patch"), ()),
 ]
 

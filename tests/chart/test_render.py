@@ -138,7 +138,8 @@ def test_isolation_can_be_turned_off_and_names_the_operators_account(helm):
 def test_isolation_spares_the_system_namespaces_and_follows_watched_ones(helm):
     on = policies(helm.template(*VAP, "--set", "webhook.excludeNamespaces={infra}",
                                 "--set", "watchNamespaces={shop}"))
-    for name in ("shardlease-isolation-leases", "shardlease-isolation-status"):
+    for name in ("shardlease-isolation-leases", "shardlease-isolation-status",
+                 "shardlease-isolation-events"):
         binding = on[("ValidatingAdmissionPolicyBinding", name)]
         exprs = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
         assert exprs == [
@@ -207,8 +208,10 @@ def test_default_render_has_exactly_the_expected_objects(docs):
         ("ClusterRole", AGENT_ROLE),
         ("ClusterRole", OPERATOR_ROLE),
         ("ClusterRoleBinding", OPERATOR_ROLE),
+        ("ValidatingAdmissionPolicy", "shardlease-isolation-events"),
         ("ValidatingAdmissionPolicy", "shardlease-isolation-leases"),
         ("ValidatingAdmissionPolicy", "shardlease-isolation-status"),
+        ("ValidatingAdmissionPolicyBinding", "shardlease-isolation-events"),
         ("ValidatingAdmissionPolicyBinding", "shardlease-isolation-leases"),
         ("ValidatingAdmissionPolicyBinding", "shardlease-isolation-status"),
         ("Deployment", "shardlease"),
@@ -534,7 +537,7 @@ def test_monitors_are_off_by_default_and_scrape_the_operator_and_every_agent(hel
     pod = inject({"metadata": {}, "spec": {"containers": [{"name": "app"}]}}, "img", "db")
     assert pm["spec"]["selector"]["matchLabels"] == {AGENT_LABEL: pod["metadata"]["labels"][
         AGENT_LABEL]}
-    ports = agent_container("img", "db", token="t", native=True)["ports"]
+    ports = agent_container("img", "db", native=True)["ports"]
     # The PodMonitor's port (TCP: /metrics), and the hints' (UDP, same number).
     assert [(p["name"], p["protocol"]) for p in ports] == [
         ("shardlease", "TCP"), ("shardlease-hint", "UDP")]

@@ -4,7 +4,9 @@ ServiceAccount bound to the chart's agent role. Acting as A's account, every
 write to B's Leases (by name, by label, relabelled) and to B's status is
 refused with the policy's message, and so is any Lease that is not a
 shardlease one under `isolation.strictLeases` (without it, A's application
-may use Leases of its own); A's own writes and B's own keep working.
+may use Leases of its own); A's own writes and B's own keep working. No
+ServiceAccount may write the kubelet's word that it stops a container
+(an Event `Killing`) about a ShardSet's pods: the agents pause on it.
 
 The policies are the ones `helm template` renders, bound to this test's
 namespace only (the API server is shared with the other tests)."""
@@ -12,6 +14,7 @@ namespace only (the API server is shared with the other tests)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,48 @@ async def refused(call: Any, *args: Any, **kwargs: Any) -> str:
     raise AssertionError(f"{getattr(call, '__name__', call)}{args[:2]} was allowed")
 
 
+def event(pod: str, reason: str, ns: str) -> dict[str, Any]:
+    """A core/v1 Event about a container of `pod`, shaped as the kubelet's."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"metadata": {"generateName": f"{pod}."}, "reason": reason, "type": "Normal",
+            "message": "Stopping container app", "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kubelet"},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": ns,
+                               "fieldPath": "spec.containers{app}"}}
+
+
+async def kubelets_word_is_not_forged(admin_api: client.ApiClient, a_api: client.ApiClient,
+                                      ns: str) -> None:
+    core = client.CoreV1Api(a_api)
+
+    async def in_force() -> str | None:
+        try:
+            made = await core.create_namespaced_event(ns, event("b-0", "Killing", ns))
+        except client.ApiException as e:
+            return str(e.body) if e.status == 403 else None
+        await client.CoreV1Api(admin_api).delete_namespaced_event(made.metadata.name, ns)
+        return None
+    msg = await eventually(in_force, "the policy to refuse a forged Killing event", 60)
+    assert "only the kubelet announces" in msg and "ShardSet b" in msg, msg
+    # About A's own pods too: nobody but the kubelet says it.
+    assert "ShardSet a" in await refused(core.create_namespaced_event, ns,
+                                          event("a-1", "Killing", ns))
+    # Through the newer Events API as well.
+    micro = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    assert "only the kubelet announces" in await refused(
+        client.EventsV1Api(a_api).create_namespaced_event, ns, {
+            "metadata": {"generateName": "b-0-"}, "reason": "Killing", "action": "Killing",
+            "type": "Normal", "eventTime": micro, "reportingController": "kubelet",
+            "reportingInstance": "node-1",
+            "regarding": {"kind": "Pod", "name": "b-0", "namespace": ns}})
+    # An event of another reason turned into one.
+    released = await core.create_namespaced_event(ns, event("b-0", "Released", ns))
+    assert "only the kubelet announces" in await refused(
+        core.patch_namespaced_event, released.metadata.name, ns, {"reason": "Killing"})
+    # The agents' own events, and a Killing event about a pod of no ShardSet, pass.
+    await core.create_namespaced_event(ns, event("web-0", "Killing", ns))
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["default", "strictLeases"])
 async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path,
@@ -118,7 +163,7 @@ async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
             helm, tmp_path, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
             args=("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
                   "--set", f"isolation.strictLeases={str(strict).lower()}"))
-        assert len(policies) == 4
+        assert len(policies) == 6
         async with policies_in(api, ns, policies):
             a_api, b_api = await client_for(configs["a"]), await client_for(configs["b"])
             try:
@@ -200,6 +245,8 @@ async def test_one_shardsets_agents_cannot_touch_anothers_leases_or_status(
                 await a_custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, PLURAL, "a", forged,
                     _content_type="application/merge-patch+json")
+
+                await kubelets_word_is_not_forged(api, a_api, ns)
             finally:
                 await a_api.close()
                 await b_api.close()

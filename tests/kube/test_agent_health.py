@@ -68,22 +68,41 @@ async def test_a_requested_stop_keeps_liveness() -> None:
         await agent.close()
 
 
-async def drain(port: int, token: str | None) -> tuple[int, str]:
-    headers = {"X-Shardlease-Drain-Token": token} if token is not None else {}
+async def drain(port: int) -> tuple[int, str]:
     async with aiohttp.ClientSession() as http, \
-            http.get(f"http://127.0.0.1:{port}/drain", headers=headers) as r:
+            http.get(f"http://127.0.0.1:{port}/drain") as r:
         return r.status, await r.text()
 
 
-def own_pod(restarts: int, deleting: bool = False) -> dict:
-    meta: dict = {"name": "db-0"}
+STARTED = "2026-12-02T10:00:00Z"
+
+
+def own_pod(restarts: int, deleting: bool = False, port: int = 8470) -> dict:
+    meta: dict = {"name": "db-0", "uid": "u-1"}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-30T15:00:00Z"
-    return {"metadata": meta, "status": {"containerStatuses": [
-        {"name": "app", "restartCount": restarts, "state": {"running": {}}}]}}
+    return {"metadata": meta,
+            "spec": {"containers": [{"name": "app", "lifecycle": {"preStop": {
+                "httpGet": {"path": "/drain", "port": port}}}}]},
+            "status": {"containerStatuses": [
+                {"name": "app", "restartCount": restarts,
+                 "state": {"running": {"startedAt": STARTED}}}]}}
 
 
-async def test_a_drain_without_the_token_is_refused_and_changes_nothing() -> None:
+def announce(agent: Agent, events: list[dict]) -> None:
+    """What the API server would list as this pod's Killing events (there is
+    no API server in these tests: tests/k8s/test_agent_drain.py has one)."""
+    async def kubelet_stops(pod: object) -> list[dict]:
+        return events
+    agent._kubelet_stops = kubelet_stops  # type: ignore[method-assign]
+
+
+KILLING = {"reason": "Killing", "lastTimestamp": "2026-12-02T10:05:00Z",
+           "involvedObject": {"kind": "Pod", "name": "db-0", "uid": "u-1",
+                              "fieldPath": "spec.containers{app}"}}
+
+
+async def test_a_drain_the_api_server_does_not_back_is_refused_and_changes_nothing() -> None:
     runs: list[str] = []
 
     async def run_loop(spec: ShardSetSpec) -> None:
@@ -91,11 +110,14 @@ async def test_a_drain_without_the_token_is_refused_and_changes_nothing() -> Non
         await agent._changed.wait()
 
     agent, port = await started_agent(run_loop)
-    agent.drain_token = "s3cret"
+    agent.announce_wait = 0.3
     try:
         await asyncio.sleep(0.1)
-        assert (await drain(port, None))[0] == 403
-        assert (await drain(port, "guess"))[0] == 403
+        code, text = await drain(port)  # nothing known of the pod
+        assert code == 403 and "refused" in text
+        agent.own_pod = own_pod(restarts=0, port=port)
+        announce(agent, [{**KILLING, "lastTimestamp": "2026-12-02T09:00:00Z"}])
+        assert (await drain(port))[0] == 403  # a stop of an earlier instance
         assert runs == ["run"] and not agent._stopping.is_set()
     finally:
         await agent.close()
@@ -111,17 +133,17 @@ async def test_a_drain_while_the_pod_stays_is_a_pause_until_the_app_restarts() -
         runs.append("stopped")
 
     agent, port = await started_agent(run_loop)
-    agent.drain_token = "s3cret"
-    agent.own_pod = own_pod(restarts=0)  # no API server here: the watch's copy is used
+    agent.own_pod = own_pod(restarts=0, port=port)  # no API server: the watch's copy
+    announce(agent, [KILLING])
     try:
         await asyncio.sleep(0.1)
-        code, text = await drain(port, "s3cret")
+        code, text = await drain(port)
         assert code == 200 and "paused" in text
         assert runs == ["run", "stopped"]  # answered only once the loop had stopped
         assert (await status(port, "/readyz"))[0] == 503
         assert (await status(port, "/healthz"))[0] == 200
         # The kubelet restarted the application: the agent takes shards again.
-        agent.own_pod = own_pod(restarts=1)
+        agent.own_pod = own_pod(restarts=1, port=port)
         agent._own_pod_changed.set()
         for _ in range(50):
             if runs.count("run") == 2:
@@ -138,11 +160,10 @@ async def test_a_drain_of_a_terminating_pod_is_final() -> None:
         await agent._changed.wait()
 
     agent, port = await started_agent(run_loop)
-    agent.drain_token = "s3cret"
     agent.own_pod = own_pod(restarts=0, deleting=True)
     try:
         await asyncio.sleep(0.1)
-        code, text = await drain(port, "s3cret")
+        code, text = await drain(port)
         assert (code, text) == (200, "drained\n")
         assert agent._stopped.is_set() and agent._stopping.is_set()
     finally:

@@ -1,6 +1,5 @@
 """The sidecar injection is a pure transformation of a pod."""
 
-from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
 from shardlease.k8s.inject import (
     AGENT,
     AGENT_PORT,
@@ -35,10 +34,10 @@ def test_the_owner_statefulset_comes_from_the_owner_references() -> None:
     assert owner_statefulset({"metadata": {}}) is None
 
 
-def test_the_agent_is_a_native_sidecar_that_starts_first_and_the_app_drains_with_a_token(
+def test_the_agent_is_a_native_sidecar_that_starts_first_and_the_app_drains_without_a_secret(
         ) -> None:
     original = pod()
-    out = inject(original, "shardlease:1", "db", token="t0k")
+    out = inject(original, "shardlease:1", "db")
     assert original["spec"]["containers"] == [{"name": "app", "image": "app:1"}]  # not mutated
     assert [c["name"] for c in out["spec"]["containers"]] == ["app"]
     (agent,) = out["spec"]["initContainers"]
@@ -49,27 +48,18 @@ def test_the_agent_is_a_native_sidecar_that_starts_first_and_the_app_drains_with
     env = env_of(agent)
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert env[TOKEN_ENV] == "t0k"
+    assert not [k for k in env if "TOKEN" in k]  # nothing secret in the pod spec
     assert agent["securityContext"]["runAsNonRoot"] is True
     assert "runAsUser" not in agent["securityContext"]  # any uid the platform assigns
     assert agent["securityContext"]["readOnlyRootFilesystem"] is True
     app = out["spec"]["containers"][0]
-    assert app["lifecycle"]["preStop"] == {"httpGet": {
-        "path": "/drain", "port": AGENT_PORT,
-        "httpHeaders": [{"name": TOKEN_HEADER, "value": "t0k"}]}}
+    assert app["lifecycle"]["preStop"] == {"httpGet": {"path": "/drain", "port": AGENT_PORT}}
     assert out["metadata"]["annotations"][INJECTED] == "true"
     assert has_agent(out) and not has_agent(original)
 
 
-def test_every_pod_gets_its_own_drain_token() -> None:
-    a, b = inject(pod(), "img", "db"), inject(pod(), "img", "db")
-    ta = env_of(a["spec"]["initContainers"][0])[TOKEN_ENV]
-    tb = env_of(b["spec"]["initContainers"][0])[TOKEN_ENV]
-    assert ta != tb and len(ta) >= 24
-
-
 def test_on_old_servers_the_agent_is_a_regular_container() -> None:
-    out = inject(pod(), "img", "db", native=False, token="x")
+    out = inject(pod(), "img", "db", native=False)
     assert [c["name"] for c in out["spec"]["containers"]] == ["app", AGENT]
     assert "initContainers" not in out["spec"]
     assert "restartPolicy" not in out["spec"]["containers"][1]
@@ -86,12 +76,12 @@ def test_only_application_containers_get_the_drain_hook() -> None:
     body = pod()
     body["spec"]["containers"] += [{"name": "istio-proxy"}, {"name": "worker"}]
     body["spec"]["initContainers"] = [{"name": "mesh", "restartPolicy": "Always"}]
-    out = inject(body, "img", "db", token="x")
+    out = inject(body, "img", "db")
     hooks = {c["name"]: "lifecycle" in c for c in out["spec"]["containers"]}
     assert hooks == {"app": True, "istio-proxy": False, "worker": True}
     assert "lifecycle" not in out["spec"]["initContainers"][0]
     assert [c["name"] for c in out["spec"]["initContainers"]] == ["mesh", AGENT]
-    chosen = inject(body, "img", "db", token="x", drain_containers=["worker"])
+    chosen = inject(body, "img", "db", drain_containers=["worker"])
     hooks = {c["name"]: "lifecycle" in c for c in chosen["spec"]["containers"]}
     assert hooks == {"app": False, "istio-proxy": False, "worker": True}
 
@@ -101,17 +91,17 @@ def test_the_agent_takes_its_settings_from_the_config() -> None:
         "imagePullPolicy": "Never",
         "resources": {"requests": {"cpu": "5m"}},
         "env": [{"name": "AWS_REGION", "value": "eu-west-1"},
-                {"name": TOKEN_ENV, "value": "stolen"}],
+                {"name": "POD_NAME", "value": "stolen"}],
         "envFrom": [{"secretRef": {"name": "s3"}}],
         "imagePullSecrets": ["regcred"],
     })
-    out = inject(pod(), "img", "db", token="x", config=config)
+    out = inject(pod(), "img", "db", config=config)
     agent = out["spec"]["initContainers"][0]
     assert agent["imagePullPolicy"] == "Never"
     assert agent["resources"] == {"requests": {"cpu": "5m"}}
     env = env_of(agent)
     assert env["AWS_REGION"] == "eu-west-1"
-    assert env[TOKEN_ENV] == "x"  # configured env never replaces the agent's own
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # never replaced
     assert agent["envFrom"] == [{"secretRef": {"name": "s3"}}]
     assert out["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
 

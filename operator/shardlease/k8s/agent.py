@@ -47,13 +47,7 @@ from shardlease.errors import LoopDied as LoopDied  # (re-exported: its old home
 from shardlease.hints import HintChannel
 from shardlease.hosts.http import HttpHost
 from shardlease.k8s.discovery import Peers
-from shardlease.k8s.drain import (
-    TOKEN_HEADER,
-    restart_counts,
-    restarted,
-    terminating,
-    token_accepted,
-)
+from shardlease.k8s.drain import ANNOUNCE_WAIT, KILLING, restart_counts, restarted, verdict
 from shardlease.k8s.inject import AGENT
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
@@ -85,15 +79,15 @@ HOST_POLL = 0.5
 
 class Agent:
     def __init__(self, *, namespace: str, shardset: str, pod_name: str, port: int = 8470,
-                 host_url: str | None = None, kubeconfig: str | None = None,
-                 drain_token: str | None = None) -> None:
+                 host_url: str | None = None, kubeconfig: str | None = None) -> None:
         self.namespace = namespace
         self.shardset = shardset
         self.pod_name = pod_name
         self.port = port
         self.host_url = host_url
         self.kubeconfig = kubeconfig
-        self.drain_token = drain_token
+        #: How long a drain waits for the kubelet's word (k8s/drain.py).
+        self.announce_wait = ANNOUNCE_WAIT
         self.peers = Peers()
         #: This pod as the watch last showed it (for drains: deletion, restarts).
         self.own_pod: dict[str, Any] | None = None
@@ -680,19 +674,53 @@ class Agent:
             logger.warning("drain: cannot read pod %s: %s", self.pod_name, e)
         return self.own_pod
 
+    async def _kubelet_stops(self, pod: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The Events that announce a container stop in this pod (the
+        kubelet's `Killing`); none when the API server cannot say."""
+        uid = ((pod or {}).get("metadata") or {}).get("uid")
+        selector = f"involvedObject.name={self.pod_name},reason={KILLING}"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        try:
+            code, body = await call(self._api, "GET",
+                                    f"/api/v1/namespaces/{self.namespace}/events",
+                                    query=[("fieldSelector", selector)], request_timeout=5.0)
+        except Exception as e:
+            logger.warning("drain: cannot list this pod's events: %s", e)
+            return []
+        if code != 200:
+            logger.warning("drain: cannot list this pod's events: %s %s", code,
+                           body.get("message", ""))
+            return []
+        return [e for e in body.get("items") or [] if isinstance(e, dict)]
+
     async def _drain(self, request: web.Request) -> web.Response:
-        if not token_accepted(self.drain_token, request.headers.get(TOKEN_HEADER)):
-            logger.warning("drain refused from %s: no valid %s header", request.remote,
-                           TOKEN_HEADER)
-            return web.Response(status=403, text=f"drain needs this pod's {TOKEN_HEADER}\n")
-        pod = await self._own_pod_now()
-        if terminating(pod) or self._stopping.is_set():
+        """The request is not trusted (anyone on the pod network can send it):
+        what it comes to is decided by the API server's view (k8s/drain.py)."""
+        if self._stopping.is_set():
             await self.shutdown()
             return web.Response(text="drained\n")
-        ttl = self.spec.lease_ttl if self.spec is not None else 15.0
-        await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl))
-        return web.Response(text="paused: the shards are handed off until the application "
-                                 "restarts\n")
+        clock = asyncio.get_running_loop()
+        end = clock.time() + self.announce_wait
+        while True:
+            pod = await self._own_pod_now()
+            kind, why = verdict(pod, await self._kubelet_stops(pod), self.port)
+            if kind != "refuse" or clock.time() >= end:
+                break
+            await asyncio.sleep(0.25)
+        if kind == "final":
+            logger.info("drain from %s: %s: handing every shard off", request.remote, why)
+            await self.shutdown()
+            return web.Response(text="drained\n")
+        if kind == "pause":
+            logger.info("drain from %s: %s: handing the shards off until it is back",
+                        request.remote, why)
+            ttl = self.spec.lease_ttl if self.spec is not None else 15.0
+            await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl))
+            return web.Response(text="paused: the shards are handed off until the application "
+                                     "restarts\n")
+        logger.warning("drain from %s refused: %s", request.remote, why)
+        return web.Response(status=403, text=f"drain refused: {why}\n")
 
 
 def spec_changes(old: ShardSetSpec, new: ShardSetSpec) -> list[str]:

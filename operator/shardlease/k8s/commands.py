@@ -80,11 +80,8 @@ def run_agent(args: argparse.Namespace) -> int:
                           "(or POD_NAMESPACE and POD_NAME from the downward API)")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    from shardlease.k8s.drain import TOKEN_ENV
-
     agent = Agent(namespace=args.namespace, shardset=args.shardset, pod_name=args.name,
-                  port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig,
-                  drain_token=os.environ.get(TOKEN_ENV))
+                  port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig)
     asyncio.run(agent.run())
     return 0
 

@@ -14,12 +14,11 @@ it is a regular container.
 from __future__ import annotations
 
 import copy
-import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shardlease.k8s.drain import TOKEN_ENV, TOKEN_HEADER
+from shardlease.k8s.drain import DRAIN_PATH
 
 AGENT = "shardlease-agent"
 AGENT_PORT = 8470
@@ -103,7 +102,7 @@ def native_sidecars_supported(major: str, minor: str) -> bool:
         return False
 
 
-def agent_container(image: str, shardset: str, *, token: str, native: bool,
+def agent_container(image: str, shardset: str, *, native: bool,
                     config: AgentConfig | None = None) -> dict[str, Any]:
     config = config or AgentConfig()
 
@@ -114,7 +113,6 @@ def agent_container(image: str, shardset: str, *, token: str, native: bool,
         {"name": "POD_NAME", **field("metadata.name")},
         {"name": "POD_NAMESPACE", **field("metadata.namespace")},
         {"name": "POD_IP", **field("status.podIP")},
-        {"name": TOKEN_ENV, "value": token},
     ]
     env += [e for e in config.env if e.get("name") not in {x["name"] for x in env}]
     container: dict[str, Any] = {
@@ -150,18 +148,19 @@ def agent_container(image: str, shardset: str, *, token: str, native: bool,
     return container
 
 
-def drain_hook(token: str) -> dict[str, Any]:
-    return {"httpGet": {"path": "/drain", "port": AGENT_PORT,
-                        "httpHeaders": [{"name": TOKEN_HEADER, "value": token}]}}
+def drain_hook() -> dict[str, Any]:
+    """No header, no secret: a hook is plain text in the pod spec, so the
+    agent trusts no request and asks the API server instead (k8s/drain.py)."""
+    return {"httpGet": {"path": DRAIN_PATH, "port": AGENT_PORT}}
 
 
 def inject(pod: dict[str, Any], image: str, shardset: str, *, native: bool = True,
-           config: AgentConfig | None = None, drain_containers: list[str] | None = None,
-           token: str | None = None) -> dict[str, Any]:
+           config: AgentConfig | None = None,
+           drain_containers: list[str] | None = None) -> dict[str, Any]:
     """The pod with the agent added, or unchanged if it is already there.
 
     Each application container without a preStop hook gets one that calls the
-    agent's /drain with this pod's token: the kubelet runs it before the
+    agent's /drain: the kubelet runs it before the
     application's SIGTERM, so the agent closes every shard (through the
     still-running application) and frees every lease before the application
     stops. Application containers are `drain_containers` if given, else every
@@ -171,7 +170,6 @@ def inject(pod: dict[str, Any], image: str, shardset: str, *, native: bool = Tru
     if has_agent(out):
         return out
     config = config or AgentConfig()
-    token = token or secrets.token_urlsafe(24)
     spec = out.setdefault("spec", {})
     containers = spec.setdefault("containers", [])
     for c in containers:
@@ -179,8 +177,8 @@ def inject(pod: dict[str, Any], image: str, shardset: str, *, native: bool = Tru
         wanted = name in drain_containers if drain_containers is not None \
             else name not in KNOWN_SIDECARS
         if wanted:
-            c.setdefault("lifecycle", {}).setdefault("preStop", drain_hook(token))
-    agent = agent_container(image, shardset, token=token, native=native, config=config)
+            c.setdefault("lifecycle", {}).setdefault("preStop", drain_hook())
+    agent = agent_container(image, shardset, native=native, config=config)
     if native:
         # Last of the init containers: other native sidecars (a mesh proxy)
         # start before it and stop after it.
