@@ -72,7 +72,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,6 +282,15 @@ class PlacementLoop:
     def owners(self) -> list[Owner]:
         """Every shard's owner and generation from the last good read."""
         return [self.view.owners.get(s, Owner(s, None, 0)) for s in range(self.options.shards)]
+
+    def highest_generations(self) -> dict[int, int]:
+        """The highest generation this node has seen or handed out per shard."""
+        return dict(self.view.max_generation)
+
+    def known_generations(self, generations: Mapping[int, int]) -> None:
+        """Generations known from elsewhere (a published status, a store
+        this node used before): every claim of this loop goes above them."""
+        self.view.known_generations(generations)
 
     def reconfigure(self, options: Options) -> None:
         """Apply new options in place: no shard is closed, no lease given up,

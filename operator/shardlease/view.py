@@ -14,7 +14,7 @@ the shard count. It reads nothing itself and writes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from shardlease.epochs import EpochKey, EpochWatch
@@ -72,6 +72,14 @@ class LeaseView:
         #: Damaged records as the epochs judged them (`attribute`): the epoch
         #: that keeps each (None: no epoch does).
         self.attributed: dict[int, Lease | None] = {}
+
+    def known_generations(self, generations: Mapping[int, int]) -> None:
+        """Generations known from outside this store (what was published of
+        an earlier store, say): a claim here goes above them too, so that a
+        store change or a lost record never hands one out again."""
+        for shard, generation in generations.items():
+            if generation > self.max_generation.get(shard, 0):
+                self.max_generation[shard] = generation
 
     def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
                 held: Iterable[tuple[int, Lease]]) -> None:

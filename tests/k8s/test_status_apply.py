@@ -19,7 +19,8 @@ GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 
 
 class Placement:
-    """What publish_once reads of a loop: the owners and the live nodes."""
+    """What publish_once reads of a loop: the owners, the live nodes and the
+    highest generations."""
 
     def __init__(self, owners: dict[int, str], reserved: dict[int, str] | None = None) -> None:
         self._owners = owners
@@ -32,6 +33,9 @@ class Placement:
 
     def live_nodes(self) -> list[str]:
         return sorted(set(self._owners.values()))
+
+    def highest_generations(self) -> dict[int, int]:
+        return {s: 1 for s in [*self._owners, *self._reserved]}
 
 
 async def conditions(custom: client.CustomObjectsApi, ns: str) -> dict[str, dict[str, Any]]:

@@ -1,6 +1,14 @@
 """The ShardSet status says who owns what and whether the shares are fair."""
 
-from shardlease.k8s.status import build_status, comparable, merge_conditions
+import pytest
+
+from shardlease.k8s.status import (
+    build_status,
+    comparable,
+    highest,
+    merge_conditions,
+    published_generations,
+)
 from shardlease.loop import Owner
 
 
@@ -71,3 +79,34 @@ def test_a_status_is_stale_after_six_intervals_without_a_refresh() -> None:
     assert stale_for({"observedTime": "yesterday"}, 5.0, now) is None
     st = build_status(owners({0: "a"}), ["a"], 1, 1, "a")
     assert "observedTime" in st and "observedTime" not in comparable(st)
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    ({"generations": {"0": 3, "1": 1}}, {0: 3, 1: 1}),
+    ({"generations": {"0": 3}, "highestGenerations": {"0": 5, "2": 4}}, {0: 5, 2: 4}),
+    ({"generations": {"0": 6}, "highestGenerations": {"0": 5}}, {0: 6}),
+    # Whatever else a status holds is left out, never an error.
+    ({"highestGenerations": {"x": 3, "-1": 3, "1": "7", "2": 0, "3": -2, "4": True,
+                             "5": 2.5, "6": None, "7": 9}}, {7: 9}),
+    ({"highestGenerations": ["0", 3]}, {}),
+    ({"generations": None}, {}),
+    ({}, {}),
+    (None, {}),
+])
+def test_the_generations_a_status_publishes(status: dict | None, expected: dict) -> None:
+    assert published_generations(status) == expected
+
+
+def test_highest_is_the_max_per_shard() -> None:
+    assert highest({0: 1, 1: 5}, {0: 3}, {}, {2: 2}) == {0: 3, 1: 5, 2: 2}
+    assert highest() == {}
+
+
+def test_the_status_publishes_the_highest_generation_of_every_shard_owned_or_not() -> None:
+    st = build_status(
+        [Owner(0, "a", 4), Owner(1, None, 0), Owner(2, "b", 1)], ["a", "b"], 3, None, "a",
+        highest_generations={0: 2, 1: 7, 2: 3, 9: 5})  # shard 9: beyond `shards`
+    assert st["generations"] == {"0": 4, "2": 1}
+    assert st["highestGenerations"] == {"0": 4, "1": 7, "2": 3}
+    assert build_status([Owner(0, "a", 4)], ["a"], 1, None, "a")["highestGenerations"] \
+        == {"0": 4}

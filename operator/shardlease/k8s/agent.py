@@ -51,7 +51,14 @@ from shardlease.k8s.drain import ANNOUNCE_WAIT, KILLING, restart_counts, restart
 from shardlease.k8s.inject import AGENT
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
-from shardlease.k8s.status import REFRESH_INTERVALS, build_status, comparable, merge_conditions
+from shardlease.k8s.status import (
+    REFRESH_INTERVALS,
+    build_status,
+    comparable,
+    highest,
+    merge_conditions,
+    published_generations,
+)
 from shardlease.loop import PlacementLoop
 from shardlease.routing import shard_for_key
 from shardlease.stores import open_store
@@ -112,6 +119,8 @@ class Agent:
         self._stopped = asyncio.Event()
         self._pending_events: list[Event] = []
         self._published: dict[str, Any] | None = None
+        #: The highest generation per shard of this agent's earlier loops.
+        self._generations: dict[int, int] = {}
         self._last_publish = 0.0
         self._api: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -298,6 +307,12 @@ class Agent:
                 return  # stopping, or the ShardSet changed while we waited
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
                                  telemetry=self.telemetry)
+            # What was handed out before, in this store or one it replaced,
+            # as the ShardSet's status tells and this agent saw: its claims
+            # go above (the application refusing an old generation is the
+            # last word; this spares it the refusals, docs/renewal.md rule 14).
+            loop.known_generations(highest(
+                published_generations((self.body or {}).get("status")), self._generations))
             self.loop = loop
             if not store.watches:
                 hints, unsubscribe = await self._start_hints(loop, options.cluster_name)
@@ -340,6 +355,8 @@ class Agent:
                     await asyncio.wait_for(self._post_batch(pending), 5.0)
                 except Exception as e:
                     logger.warning("could not post the last events: %r", e)
+            if self.loop is not None:
+                self._generations = highest(self._generations, self.loop.highest_generations())
             if unsubscribe is not None:
                 unsubscribe()
             if hints is not None:
@@ -463,7 +480,9 @@ class Agent:
         body = self.body or {}
         meta = body.get("metadata") or {}
         status = build_status(loop.owners(), loop.live_nodes(), spec.shards,
-                              meta.get("generation"), self.pod_name)
+                              meta.get("generation"), self.pod_name,
+                              highest(published_generations(body.get("status")),
+                                      self._generations, loop.highest_generations()))
         if not refresh and self._published is not None and \
                 comparable(status) == comparable(self._published):
             return False

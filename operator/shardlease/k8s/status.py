@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardlease.view import Owner
@@ -33,9 +33,43 @@ def iso(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def published_generations(status: Mapping[str, Any] | None) -> dict[int, int]:
+    """The highest generation a status tells per shard (`highestGenerations`,
+    and the owners' `generations`), entries that are not a shard number and a
+    positive integer left out (a status anyone with the right may have
+    written is input like any other)."""
+    out: dict[int, int] = {}
+    for field in ("generations", "highestGenerations"):
+        table = (status or {}).get(field)
+        if not isinstance(table, Mapping):
+            continue
+        for key, value in table.items():
+            try:
+                shard = int(key)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or shard < 0:
+                continue
+            out[shard] = max(value, out.get(shard, 0))
+    return out
+
+
+def highest(*tables: Mapping[int, int]) -> dict[int, int]:
+    """Per shard, the highest generation in any of `tables`."""
+    out: dict[int, int] = {}
+    for table in tables:
+        for shard, generation in table.items():
+            out[shard] = max(generation, out.get(shard, 0))
+    return out
+
+
 def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int,
-                 observed_generation: int | None, publisher: str) -> dict[str, Any]:
-    """The status fields (without transition times) for the owners read last."""
+                 observed_generation: int | None, publisher: str,
+                 highest_generations: Mapping[int, int] | None = None) -> dict[str, Any]:
+    """The status fields (without transition times) for the owners read last.
+    `highest_generations`: what has been handed out per shard, owned or not,
+    in this store or one before it (published so that a new store's claims,
+    or a claim over a lost record, go above it)."""
     owners = list(owners)
     owned = {o.shard: o for o in owners if o.owner is not None and 0 <= o.shard < shards}
     reserved = {o.shard: o.reserved_for for o in owners
@@ -64,6 +98,10 @@ def build_status(owners: Iterable[Owner], live_nodes: Iterable[str], shards: int
         "generations": {str(s): o.generation for s, o in sorted(owned.items())},
         # When each owner took its shard (from the lease records; informational).
         "since": {str(s): iso(o.since) for s, o in sorted(owned.items()) if o.since > 0},
+        "highestGenerations": {str(s): g for s, g in sorted(
+            highest(highest_generations or {},
+                    {o.shard: o.generation for o in owned.values()}).items())
+            if 0 <= s < shards},
         # Unowned shards kept for a pod being replaced (handoff: hold).
         "reserved": {str(s): pod for s, pod in sorted(reserved.items())},
         "ownedShards": len(owned),
