@@ -1,11 +1,16 @@
 # The shardlease image: one image for `shardlease operator` (the cluster
 # operator) and `shardlease agent` (the per-pod sidecar the operator injects).
 #
-#   docker build -t shardlease:0.1.0 .
+#   docker build -t shardlease:0.1.0 .                      # runtime (the default)
+#   docker build --target example -t shardlease:dev .      # + the example app
 #
-# Stage 1 builds a wheel from the project and installs it, with its
-# dependencies, into a virtualenv. Stage 2 is a clean python:3.11-slim with
-# only that virtualenv: no source tree, no build tools, no pip.
+# The builder makes a wheel from the project and installs it, with its
+# pinned dependencies, into a virtualenv; a second one adds the example
+# application. The final stages are a clean base with only a virtualenv: no
+# source tree, no build tools, no pip. `runtime` (the last stage, so the
+# default target) carries only what runs in production; `example` is the
+# same plus the example application (shardlease-examples), which the
+# end-to-end scenarios (tests/pods, e2e/kind.sh) run beside the agent.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -15,31 +20,35 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Only what building the package needs (see .dockerignore).
+# Only what building the packages needs (see .dockerignore).
 COPY pyproject.toml README.md ./
 COPY requirements/image.txt requirements/image.txt
 COPY operator/ operator/
-# The example app (a distribution of its own, shardlease-examples): the
-# end-to-end scenarios (tests/pods, e2e/kind.sh) run it from this image as
-# `python -m shardlease_examples.shardapp` beside the injected agent, so the
-# image carries it, installed next to shardlease but not inside it.
 COPY examples/pyproject.toml examples/README.md examples/
 COPY examples/shardlease_examples/ examples/shardlease_examples/
 # The dependencies exactly as pinned, each checked against its hash
 # (requirements/image.txt, made by pip-compile --generate-hashes from
-# pyproject.toml), then the package itself without resolving anything; pip
-# and setuptools leave the runtime venv once `pip check` agrees.
+# pyproject.toml), then the package itself without resolving anything.
 RUN python -m venv /opt/shardlease \
  && /opt/shardlease/bin/pip install --require-hashes --no-deps -r requirements/image.txt \
  && pip wheel --no-deps --wheel-dir /wheels . ./examples \
  && /opt/shardlease/bin/pip install --no-deps /wheels/shardlease-*.whl \
-      /wheels/shardlease_examples-*.whl \
+ && /opt/shardlease/bin/pip check
+
+# The example application, installed next to shardlease but not inside it
+# (it needs nothing shardlease does not already depend on).
+FROM builder AS example-venv
+RUN /opt/shardlease/bin/pip install --no-deps /wheels/shardlease_examples-*.whl \
  && /opt/shardlease/bin/pip check \
  && /opt/shardlease/bin/pip uninstall --yes pip setuptools \
- && /opt/shardlease/bin/shardlease --help > /dev/null \
  && /opt/shardlease/bin/python -m shardlease_examples.shardapp --help > /dev/null
 
-FROM ${PYTHON_IMAGE}
+# pip and setuptools leave the runtime venv once `pip check` agreed.
+FROM builder AS runtime-venv
+RUN /opt/shardlease/bin/pip uninstall --yes pip setuptools \
+ && /opt/shardlease/bin/shardlease --help > /dev/null
+
+FROM ${PYTHON_IMAGE} AS base
 # Set by whoever builds: e2e/cluster passes the git revision.
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -56,10 +65,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     PATH=/opt/shardlease/bin:$PATH
-# The same path as in the builder: the venv's scripts point at it.
-COPY --from=builder /opt/shardlease /opt/shardlease
 # 65532: the conventional "nonroot" uid/gid; the chart runs as it too.
 USER 65532:65532
 WORKDIR /tmp
 ENTRYPOINT ["shardlease"]
 CMD ["--help"]
+
+FROM base AS example
+# The same path as in the builder: the venv's scripts point at it.
+COPY --from=example-venv /opt/shardlease /opt/shardlease
+
+FROM base AS runtime
+COPY --from=runtime-venv /opt/shardlease /opt/shardlease

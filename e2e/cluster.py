@@ -46,6 +46,18 @@ RULE_COMMENT = "shardlease-node"
 PAUSE_IMAGE = "shardlease.local/pause:1"
 BASE_IMAGE = "shardlease-base/python:3.11-bookworm"
 IMAGE = "shardlease:dev"
+#: The production image (the Dockerfile's default target), built beside IMAGE.
+RUNTIME_IMAGE = "shardlease:runtime"
+#: Run inside RUNTIME_IMAGE: what it can import, and what that costs.
+RUNTIME_PROBE = """
+import importlib.util, json, resource, subprocess
+import shardlease.cli, shardlease.k8s.agent, shardlease.k8s.commands, shardlease.k8s.operator
+absent = {m: importlib.util.find_spec(m) is None for m in (
+    "shardlease_examples", "shardlease_tools", "rich", "moto", "pip", "setuptools")}
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+code = subprocess.run(["shardlease", "--help"], capture_output=True).returncode
+print(json.dumps({"absent": absent, "agent_import_rss_mb": rss, "help_exit": code}))
+"""
 # What `image: shardlease:dev` in a pod spec resolves to.
 IMAGE_REF = "docker.io/library/shardlease:dev"
 NS = "k8s.io"
@@ -1036,15 +1048,30 @@ def image(load: bool = True) -> str:
         # The classic builder: BuildKit is not part of Debian's engine.
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
                              capture_output=True, text=True).stdout.strip() or "unknown"
-        p = _run([_docker_cli(), "build", "--network", "host",
-                  "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"REVISION={rev}",
-                  "-t", IMAGE, str(root)],
-                 check=False, timeout=1800, env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
-        if p.returncode != 0:
-            raise ClusterError(f"docker build failed:\n{p.stdout.decode()[-4000:]}"
-                               f"{p.stderr.decode()[-2000:]}")
+        # The `example` target (the runtime plus the example app, which the
+        # scenarios run beside the agent) as IMAGE; the runtime target too,
+        # the default of `docker build .`, for what it weighs.
+        for target, tag in (("example", IMAGE), ("runtime", RUNTIME_IMAGE)):
+            p = _run([_docker_cli(), "build", "--network", "host", "--target", target,
+                      "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"REVISION={rev}",
+                      "-t", tag, str(root)],
+                     check=False, timeout=1800, env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
+            if p.returncode != 0:
+                raise ClusterError(f"docker build --target {target} failed:\n"
+                                   f"{p.stdout.decode()[-4000:]}{p.stderr.decode()[-2000:]}")
         image_id = _docker("image", "inspect", "-f", "{{.Id}}", IMAGE).stdout.decode().strip()
-        _log(f"docker build {IMAGE} ({image_id[:19]}) in {time.monotonic() - t0:.1f}s")
+        sizes = {tag: int(_docker("image", "inspect", "-f", "{{.Size}}", tag).stdout.decode())
+                 for tag in (IMAGE, RUNTIME_IMAGE)}
+        _log(f"docker build {IMAGE} ({image_id[:19]}) and {RUNTIME_IMAGE} in "
+             f"{time.monotonic() - t0:.1f}s; sizes: " + ", ".join(
+                 f"{tag} {size / 1e6:.0f} MB" for tag, size in sizes.items()))
+        # What the runtime image holds, read from inside it while the engine
+        # is up (tests/pods/test_node.py asserts on it).
+        probe = _docker("run", "--rm", "--network", "none", "--entrypoint", "python",
+                        RUNTIME_IMAGE, "-c", RUNTIME_PROBE, timeout=120).stdout.decode()
+        report = {"image": RUNTIME_IMAGE, "size_bytes": sizes[RUNTIME_IMAGE],
+                  "example_size_bytes": sizes[IMAGE], **json.loads(probe)}
+        (cp.cache_dir() / "runtime-image.json").write_text(json.dumps(report) + "\n")
         if load:
             with cp._file_lock("cluster.lock"):
                 _load_image(image_id)

@@ -7,7 +7,8 @@
 # Needs: docker (a running engine), kind, kubectl, helm; a few GB of memory.
 # Steps:
 #   1. create the kind cluster `shardlease-e2e` (or reuse it if it exists);
-#   2. docker build -t shardlease:dev . (the repo root) and kind load it;
+#   2. docker build --target example -t shardlease:dev . (the repo root: the
+#      runtime plus the example app) and kind load it;
 #   3. MinIO in namespace `shardapp` (e2e/manifests/minio.yaml) and a Job that
 #      creates the bucket `shardapp`;
 #   4. helm install shardlease charts/shardlease (namespace shardlease);
@@ -221,7 +222,7 @@ fi
 k cluster-info | sed -n 1p
 
 step "building $IMAGE from $ROOT"
-docker build -t "$IMAGE" "$ROOT"
+docker build --target example -t "$IMAGE" "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 ok "$IMAGE built and loaded into $CLUSTER"
 

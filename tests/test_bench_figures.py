@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from shardlease.bench import closed_stretches, open_on, phase_figures
+from shardlease_tools.bench import closed_stretches, open_on, phase_figures
 
 
 def ev(wall: float, node: str, event: str, **fields: Any) -> dict[str, Any]:

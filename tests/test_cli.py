@@ -230,3 +230,31 @@ def test_the_parser_needs_no_temporary_directory(monkeypatch: pytest.MonkeyPatch
     args = build_parser().parse_args(["agent", "--shardset", "db", "--namespace", "n",
                                       "--name", "db-0"])
     assert args.shardset == "db"
+
+
+# An install without the development tools, or without the demo's extra:
+# their import is refused as if they were not there.
+WITHOUT = """
+import sys, importlib.abc
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in %r:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Absent())
+from shardlease.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("absent", "argv", "says"), [
+    (("shardlease_tools",), ["bench", "--quick"], "pip install ./tools"),
+    (("rich",), ["demo"], "pip install 'shardlease[demo]'"),
+])
+def test_a_tool_that_is_not_installed_says_what_to_install_in_one_line(
+        absent: tuple[str, ...], argv: list[str], says: str) -> None:
+    result = subprocess.run([sys.executable, "-c", WITHOUT % (absent,), *argv],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

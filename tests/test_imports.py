@@ -10,8 +10,8 @@ import json
 import subprocess
 import sys
 
-TOOLS = ("shardlease.demo", "shardlease.demo_view", "shardlease.bench",
-         "shardlease.faultproxy", "shardlease.checker", "shardlease.sim",
+TOOLS = ("shardlease.demo", "shardlease.demo_view", "shardlease_tools",
+         "shardlease.checker", "shardlease.sim",
          "shardlease.conformance", "rich", "moto")
 
 PROBE = """

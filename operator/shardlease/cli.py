@@ -348,6 +348,11 @@ def cmd_owners(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        import rich  # noqa: F401  (the demo's extra: only asked whether it is there)
+    except ModuleNotFoundError:
+        return _fail("the demo draws with rich, which is not installed: "
+                     "pip install 'shardlease[demo]'", EXIT_CONFIG)
     if args.nodes < 2:
         return _fail("--nodes must be at least 2 (one is killed and restarted)", EXIT_CONFIG)
     if args.shards < 1:
@@ -538,8 +543,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from shardlease.bench import cmd_bench
-
+    # A development tool, a distribution of its own (tools/): the wheel, the
+    # image and the sidecars carry none of it.
+    try:
+        from shardlease_tools.bench import cmd_bench
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("shardlease_tools"):
+            raise
+        return _fail("`shardlease bench` is a development tool, not part of this install: "
+                     "pip install ./tools from a checkout of shardlease "
+                     "(scripts/setup test does)", EXIT_CONFIG)
     return cmd_bench(args)
 
 

@@ -65,10 +65,17 @@ def test_the_pinned_dependencies_cover_pyproject_and_carry_hashes() -> None:
     wanted = {_requirement_name(d) for d in project["dependencies"]}
     pins: dict[str, str] = {}
     hashes: dict[str, int] = {}
+    via: dict[str, set[str]] = {}
     current = ""
     for raw in (ROOT / "requirements" / "image.txt").read_text().splitlines():
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
+            # "# via X" or "# via" and then "#   X" lines: who needs the pin.
+            who = line.lstrip("#").strip().removeprefix("via").strip()
+            if who:
+                via.setdefault(current, set()).add(who.split(" ")[0].lower())
+            continue
+        if not line:
             continue
         if line.startswith("--hash="):
             hashes[current] = hashes.get(current, 0) + 1
@@ -82,6 +89,12 @@ def test_the_pinned_dependencies_cover_pyproject_and_carry_hashes() -> None:
     assert wanted <= set(pins), f"not pinned: {sorted(wanted - set(pins))}"
     assert all(hashes.get(name) for name in pins), [n for n in pins if not hashes.get(n)]
     assert "setuptools" not in pins and "pip" not in pins
+    # Nothing the image installs that no pin and no dependency needs (a
+    # dependency dropped from pyproject, with what only it pulled in).
+    unneeded = {name: sorted(who) for name, who in via.items()
+                if name in pins and not who & set(pins) and name not in wanted}
+    assert not unneeded, f"pinned but needed by nothing in the image: {unneeded}"
+    assert all(name in via for name in pins), [n for n in pins if n not in via]
 
 
 def _pattern(pattern: str) -> re.Pattern[str]:
@@ -156,3 +169,20 @@ def test_the_example_app_is_a_distribution_of_its_own_that_the_image_installs() 
     text = (ROOT / "Dockerfile").read_text()
     assert "/wheels/shardlease_examples-*.whl" in text
     assert "python -m shardlease_examples.shardapp --help" in text
+
+
+def test_the_default_target_is_the_runtime_without_the_example_app() -> None:
+    """`docker build .` gives the runtime image (the last stage): shardlease
+    and its pinned dependencies only. The example app is in the `example`
+    target, which the end-to-end scenarios build (e2e/cluster.py, e2e/kind.sh)."""
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
+    assert stages[-1] == "runtime", stages
+    assert {"example", "runtime", "runtime-venv", "example-venv"} <= set(stages)
+    runtime_venv = text.split("AS runtime-venv", 1)[1].split("\nFROM ", 1)[0]
+    runtime = text.rsplit("AS runtime\n", 1)[1]
+    assert "shardlease_examples" not in runtime_venv + runtime
+    assert "COPY --from=runtime-venv /opt/shardlease /opt/shardlease" in runtime
+    cluster = (ROOT / "e2e" / "cluster.py").read_text()
+    assert '(("example", IMAGE), ("runtime", RUNTIME_IMAGE))' in cluster
+    assert "--target example" in (ROOT / "e2e" / "kind.sh").read_text()

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from shardlease.bench import steady_in_process
 from shardlease.errors import StoreError
 from shardlease.stores.kubernetes import KubernetesStore
+from shardlease_tools.bench import steady_in_process
 
 from ..stores.contract import CLUSTER, make_heartbeat, make_lease, rewrite, valid
 from .fixtures import cpmod

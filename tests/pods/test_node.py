@@ -159,3 +159,18 @@ def test_deleted_pod_is_recreated_and_ready(cluster, smoke):
     print(f"\n[smoke] deleted pod back to Ready in {time.monotonic() - t0:.1f}s")
     assert pod["metadata"]["uid"] != old
     assert sorted(_ready_pods(cluster, smoke)) == ["smoke-0", "smoke-1"]
+
+
+def test_the_runtime_image_holds_what_runs_in_production_and_nothing_else(cluster) -> None:
+    """`docker build .` (the runtime target) carries shardlease and its pinned
+    dependencies: not the example app, the development tools, the demo's
+    `rich`, moto, nor pip. Read from inside the image by e2e/cluster.py's
+    build (runtime-image.json); the sizes are printed, not asserted."""
+    report = json.loads((clmod.cp.cache_dir() / "runtime-image.json").read_text())
+    print(f"\n[image] {report['image']}: {report['size_bytes'] / 1e6:.0f} MB "
+          f"(with the example app: {report['example_size_bytes'] / 1e6:.0f} MB); "
+          f"the agent's and operator's modules imported: "
+          f"{report['agent_import_rss_mb']:.1f} MB resident")
+    assert report["help_exit"] == 0
+    assert all(report["absent"].values()), report["absent"]
+    assert set(report["absent"]) >= {"shardlease_examples", "shardlease_tools", "rich", "pip"}

@@ -34,9 +34,9 @@ from collections import Counter
 
 import pytest
 
-from shardlease.bench import SLOW_KEEPS, SLOW_PHASES, open_on, phase_figures
 from shardlease.checker import check_events, load_events
-from shardlease.faultproxy import Faults
+from shardlease_tools.bench import SLOW_KEEPS, SLOW_PHASES, open_on, phase_figures
+from shardlease_tools.faultproxy import Faults
 from tests.support.faultproxy import MakeProxy
 from tests.support.s3server import S3Server
 

@@ -1,4 +1,4 @@
-"""The fault-injecting S3 proxy (`shardlease.faultproxy`): transparent when
+"""The fault-injecting S3 proxy (`shardlease_tools.faultproxy`): transparent when
 it injects nothing (the whole store contract passes through it, on MinIO),
 and each fault does what it says: latency on the kinds chosen, 503 SlowDown
 answers that the S3 store reports as such, a request its client abandoned
@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from shardlease.errors import StoreError
-from shardlease.faultproxy import FaultProxy, Faults, request_kind
 from shardlease.sim.fakes import StrictHost
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.stores.s3 import S3Store
+from shardlease_tools.faultproxy import FaultProxy, Faults, request_kind
 from tests.stores import test_s3
 from tests.support.s3server import S3Server
 

@@ -1,4 +1,4 @@
-"""The fault-injecting S3 proxy (`shardlease.faultproxy`) as test fixtures.
+"""The fault-injecting S3 proxy (`shardlease_tools.faultproxy`) as test fixtures.
 
 Use from a test module with::
 
@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from shardlease.faultproxy import Faults, ProxyThread
+from shardlease_tools.faultproxy import Faults, ProxyThread
 
 __all__ = ["Faults", "MakeProxy", "ProxyThread", "fault_proxy"]
 

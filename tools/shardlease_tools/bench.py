@@ -491,8 +491,8 @@ async def _slow_run(endpoint: str, workdir: Path, ttl: float, shards: int, nodes
     through `SLOW_PHASES` of `phase` seconds each, then until balanced again."""
     from shardlease.checker import check_events, load_events
     from shardlease.demo import Demo
-    from shardlease.faultproxy import NO_FAULTS, FaultProxy, Faults
     from shardlease.stores import open_store
+    from shardlease_tools.faultproxy import NO_FAULTS, FaultProxy, Faults
 
     bucket = f"bench-slow-{os.urandom(3).hex()}"
     await _create_bucket(endpoint, bucket)
@@ -765,7 +765,7 @@ def node_worker(argv: list[str]) -> None:
         tell({"error": f"{type(e).__name__}: {e}"})
 
 
-_WORKER = "import sys; from shardlease.bench import node_worker; node_worker(sys.argv[1:])"
+_WORKER = "import sys; from shardlease_tools.bench import node_worker; node_worker(sys.argv[1:])"
 
 
 def steady_processes(store_url: str, shards: int, ttl: float, rounds: int,
@@ -1047,7 +1047,7 @@ def bench_stop(quick: bool) -> None:
         shutil.rmtree(directory, ignore_errors=True)
     with moto_endpoint() as endpoint:
         if endpoint is None:
-            say("  s3: moto is not installed (pip install 'shardlease[bench]')")
+            say("  s3: moto is not installed (pip install './tools[s3]')")
         else:
             def s3() -> Callable[[], LeaseStore]:
                 bucket = f"stop-{uuid.uuid4().hex[:8]}"
