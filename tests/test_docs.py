@@ -1,7 +1,8 @@
 """The docs say what the code does: the README's annotation table (every
 annotation the code knows and nothing else, each default the one a
-StatefulSet without it gets), and examples/README.md's host protocol (the
-one shardlease.hosts.http speaks)."""
+StatefulSet without it gets), examples/README.md's host protocol (the one
+shardlease.hosts.http speaks), and the README's benchmark block (every
+section `shardlease bench` prints, in both renewal modes)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,21 @@ def test_the_examples_readme_shows_the_host_protocol_the_agent_speaks() -> None:
     spoken = _calls(shardlease.hosts.http.__doc__ or "")
     assert len(spoken) == 4, spoken  # open, close, lease, abort
     assert _calls((ROOT / "examples" / "README.md").read_text()) == spoken
+
+
+def bench_sections() -> list[str]:
+    """Each section `shardlease bench` prints, by the literal start of its
+    `== ... ==` header in bench.py (up to the first placeholder or bracket)."""
+    source = (ROOT / "tools" / "shardlease_tools" / "bench.py").read_text()
+    heads = re.findall(r'say\(f?"(== [^"{(]+)', source)
+    return sorted({h.strip() for h in heads})
+
+
+def test_the_readmes_benchmark_block_has_every_section_the_bench_prints() -> None:
+    sections = bench_sections()
+    assert len(sections) >= 7, sections  # the pattern still finds them
+    block = README.read_text().split("## Benchmark", 1)[1].split("```", 2)[1]
+    missing = [s for s in sections if s not in block]
+    assert not missing, f"README's benchmark block predates these sections: {missing}"
+    # Both renewal modes are measured (docs/renewal.md), and the block says so.
+    assert "shard renewal" in block and "node renewal" in block
