@@ -86,6 +86,22 @@ def statefulset(name: str, namespace: str, annotations: dict[str, str],
     }
 
 
+async def shardset_for(api: client.ApiClient, namespace: str, name: str, *, shards: int,
+                       replicas: int, **spec: Any) -> None:
+    """The CRD, a StatefulSet `name` (only read by the agents: no controller
+    runs here) and its ShardSet on the namespace's lease store, as the
+    operator makes them; `spec` adds ShardSet fields (leaseTTL=3.0, ...)."""
+    await apply_crd(api)
+    await client.AppsV1Api(api).create_namespaced_stateful_set(
+        namespace, statefulset(name, namespace, {}, replicas=replicas))
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "shardlease.io", "v1alpha1", namespace, "shardsets", {
+            "apiVersion": "shardlease.io/v1alpha1", "kind": "ShardSet",
+            "metadata": {"name": name},
+            "spec": {"statefulSet": name, "selector": {"app": name}, "shards": shards,
+                     "store": f"kubernetes://{namespace}", **spec}})
+
+
 def pod_for(sts: dict[str, Any], ordinal: int) -> dict[str, Any]:
     meta = sts["metadata"]
     template = sts["spec"]["template"]

@@ -24,18 +24,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from .scenario import (
-    Proc,
-    RecordingApp,
-    apply_crd,
-    eventually,
-    free_port,
-    mark_ready,
-    spawn,
-    statefulset,
-)
+from .scenario import Proc, RecordingApp, eventually, free_port, mark_ready, shardset_for, spawn
 
-GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 PODS = ("db-0", "db-1")
 SHARDS = 4
 TTL = 3.0
@@ -65,14 +55,7 @@ async def drain(port: int) -> tuple[int, str]:
 async def test_a_drain_is_refused_paused_or_final_as_the_api_server_says(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
     ns, core = namespace, client.CoreV1Api(api_client)
-    custom = client.CustomObjectsApi(api_client)
-    await apply_crd(api_client)
-    await client.AppsV1Api(api_client).create_namespaced_stateful_set(
-        ns, statefulset("db", ns, {}, replicas=2))
-    await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
-        "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
-                 "store": f"kubernetes://{ns}", "leaseTTL": TTL}})
+    await shardset_for(api_client, ns, "db", shards=SHARDS, replicas=2, leaseTTL=TTL)
     ports = {name: free_port() for name in PODS}
     started = time.time() - 60
     for name in PODS:

@@ -16,17 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from .scenario import (
-    RecordingApp,
-    apply_crd,
-    eventually,
-    free_port,
-    ready_pods,
-    spawn,
-    statefulset,
-)
-
-GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
+from .scenario import RecordingApp, eventually, free_port, ready_pods, shardset_for, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -51,14 +41,7 @@ async def test_an_agents_memory_and_time_to_ready(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path,
         shards: int) -> None:
     ns = namespace
-    await apply_crd(api_client)
-    await client.AppsV1Api(api_client).create_namespaced_stateful_set(
-        ns, statefulset("db", ns, {}, replicas=1))
-    await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-        GROUP, VERSION, ns, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
-            "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": shards,
-                     "store": f"kubernetes://{ns}", "leaseTTL": 15.0}})
+    await shardset_for(api_client, ns, "db", shards=shards, replicas=1, leaseTTL=15.0)
     await ready_pods(api_client, ns, ["db-0"], {"app": "db"})
     calls: list[dict[str, object]] = []
     app = RecordingApp("db-0", calls)

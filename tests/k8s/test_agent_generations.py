@@ -23,16 +23,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from .scenario import (
-    Proc,
-    RecordingApp,
-    apply_crd,
-    eventually,
-    free_port,
-    ready_pods,
-    spawn,
-    statefulset,
-)
+from .scenario import Proc, RecordingApp, eventually, free_port, ready_pods, shardset_for, spawn
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 PODS = ("db-0", "db-1")
@@ -66,13 +57,7 @@ async def test_a_lost_store_and_a_store_change_never_hand_out_a_generation_again
     other = f"t-{uuid.uuid4().hex[:10]}"
     await core.create_namespace({"metadata": {"name": other,
                                               "labels": {"shardlease.test": "true"}}})
-    await apply_crd(api_client)
-    await client.AppsV1Api(api_client).create_namespaced_stateful_set(
-        ns, statefulset("db", ns, {}, replicas=2))
-    await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
-        "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
-                 "store": f"kubernetes://{ns}", "leaseTTL": TTL}})
+    await shardset_for(api_client, ns, "db", shards=SHARDS, replicas=2, leaseTTL=TTL)
     await ready_pods(api_client, ns, PODS, {"app": "db"})
 
     calls: list[dict[str, Any]] = []
