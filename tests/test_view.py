@@ -129,3 +129,17 @@ def test_a_reservation_counts_from_when_this_node_saw_its_version() -> None:
     view.observe({2: again}, 4, 20.0, ())
     assert not view.claimable(2, again, 45.0)
     assert view.claimable(2, again, 50.0)
+
+
+@pytest.mark.parametrize(("seen", "known", "expected"), [
+    ({}, {0: 5}, {0: 5}),                 # a store that never held the shard: the outside word
+    ({0: 7}, {0: 5}, {0: 7}),             # never lowered
+    ({0: 3}, {0: 5, 2: 1}, {0: 5, 2: 1}),
+    ({0: 3}, {}, {0: 3}),
+])
+def test_generations_known_from_outside_the_store_only_raise_the_floor(
+        seen: dict[int, int], known: dict[int, int], expected: dict[int, int]) -> None:
+    view = make_view()
+    view.max_generation.update(seen)
+    view.known_generations(known)
+    assert view.max_generation == expected
