@@ -53,7 +53,8 @@ RUNTIME_PROBE = """
 import importlib.util, json, resource, subprocess
 import shardlease.cli, shardlease.k8s.agent, shardlease.k8s.commands, shardlease.k8s.operator
 absent = {m: importlib.util.find_spec(m) is None for m in (
-    "shardlease_examples", "shardlease_tools", "rich", "moto", "pip", "setuptools")}
+    "shardlease_examples", "shardlease_tools", "rich", "moto", "pip", "setuptools",
+    "kubernetes_asyncio")}
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 code = subprocess.run(["shardlease", "--help"], capture_output=True).returncode
 print(json.dumps({"absent": absent, "agent_import_rss_mb": rss, "help_exit": code}))

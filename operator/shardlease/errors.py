@@ -8,6 +8,7 @@ The branches say what a caller must do, not where the error came from:
     ├── ConfigError       options or a URL that cannot work: fix and restart
     ├── StoreError        a store call failed (unreachable, refused, timed out): transient
     │   └── StoreUnsafe   the store ignores conditional writes: never run on it
+    ├── KubeAPIError      the Kubernetes API server gave no answer (refused, timed out, TLS)
     ├── Conflict          an outcome, not a failure: a compare-and-swap lost
     ├── CorruptRecord     bad data in the store: reported, never trusted
     ├── HostError         the application failed to open or close a shard
@@ -49,6 +50,16 @@ class StoreError(ShardleaseError):
 class StoreUnsafe(StoreError):
     """The store does not enforce conditional writes; running on it could let two
     nodes own one shard, so shardlease refuses to start."""
+
+
+class KubeAPIError(ShardleaseError):
+    """A call to the Kubernetes API server got no answer at all: refused, reset,
+    timed out, a TLS failure, or credentials that could not be fetched.
+
+    An answer with an error status is not this: `kubeapi` returns every status
+    to its caller, whose decision it is (a 409 is a lost race, a 404 an absent
+    object). Transient, like StoreError; the Kubernetes store turns it into one.
+    """
 
 
 class Conflict(ShardleaseError):

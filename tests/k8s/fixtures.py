@@ -81,6 +81,18 @@ async def api_client(kubeconfig):
 
 
 @pytest_asyncio.fixture
+async def kube(kubeconfig):
+    """An admin shardlease.kubeapi client (raw JSON calls), closed after the test."""
+    from shardlease.kubeapi import KubeClient
+
+    api = KubeClient.from_config(kubeconfig)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest_asyncio.fixture
 async def namespace(api_client):
     """A fresh namespace per test. It is deleted afterwards but never finishes
     terminating (no controller-manager runs); names never repeat."""

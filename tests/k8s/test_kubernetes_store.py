@@ -12,6 +12,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from shardlease.errors import ConfigError, Conflict, StoreError
+from shardlease.kubeapi import KubeClient
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
 from shardlease.records import Epoch, Heartbeat, Lease, Stored
@@ -27,7 +28,6 @@ from shardlease.stores.kubernetes import (
     LABEL_SHARD,
     LEASES,
     KubernetesStore,
-    call,
     lease_name,
     lease_to_object,
     legacy_lease_name,
@@ -345,7 +345,7 @@ def names_of(triples: list[tuple[str, str, str]]) -> list[str]:
 
 
 async def test_lease_names_are_injective_and_valid_object_names(
-        namespace: str, api_client: Any) -> None:
+        namespace: str, api_client: Any, kube: KubeClient) -> None:
     names = names_of(TRICKY)
     assert len(set(names)) == len(TRICKY), sorted(names)
     for name in names:
@@ -356,7 +356,7 @@ async def test_lease_names_are_injective_and_valid_object_names(
     assert not set(names) & {legacy_lease_name(c, int(n)) for c, k, n in TRICKY
                              if k == "shard"}, "a new name met an old one"
     for name in names:  # the API server takes every one of them
-        status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), {
+        status, payload = await kube.call("POST", LEASES.format(ns=namespace), {
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": name}, "spec": {}})
         assert status == 201, payload
@@ -381,13 +381,13 @@ async def test_a_heartbeat_and_a_shard_lease_whose_old_names_collided_both_exist
 
 
 async def test_a_fresh_node_claims_above_a_hand_edited_lease_at_generation_57(
-        namespace: str, kubeconfig: str, api_client: Any) -> None:
+        namespace: str, kubeconfig: str, api_client: Any, kube: KubeClient) -> None:
     # `kubectl edit` dropped the write id of a Lease at generation 57: before,
     # a fresh node took it over at generation 1.
     body = lease_to_object(make_lease(shard=0, owner="gone", generation=57, cluster="hand"),
                            namespace, None, 1000.0)
     del body["metadata"]["annotations"][ANN_WRITE_ID]
-    status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), body)
+    status, payload = await kube.call("POST", LEASES.format(ns=namespace), body)
     assert status == 201, payload
     store = open_store(f"kubernetes://{namespace}")
     telemetry = Telemetry()
@@ -412,23 +412,23 @@ async def test_a_fresh_node_claims_above_a_hand_edited_lease_at_generation_57(
     assert [c.generation for c in claims] == [58]
 
 
-async def strip_labels(api_client: Any, namespace: str, name: str) -> None:
+async def strip_labels(kube: KubeClient, namespace: str, name: str) -> None:
     """What `kubectl label lease NAME shardlease.io/cluster- ...` does."""
-    status, payload = await call(api_client, "PATCH", f"{LEASES.format(ns=namespace)}/{name}",
+    status, payload = await kube.call("PATCH", f"{LEASES.format(ns=namespace)}/{name}",
                                  {"metadata": {"labels": None}},
                                  "application/merge-patch+json")
     assert status == 200, payload
 
 
 async def test_a_lease_stripped_of_its_labels_is_found_reported_and_claimed_through(
-        namespace: str, kubeconfig: str, api_client: Any,
+        namespace: str, kubeconfig: str, api_client: Any, kube: KubeClient,
         caplog: pytest.LogCaptureFixture) -> None:
     ghost = open_store(f"kubernetes://{namespace}")
     node = open_store(f"kubernetes://{namespace}")
     fresh = open_store(f"kubernetes://{namespace}")
     try:
         await ghost.create_lease(make_lease(shard=2, owner="ghost", generation=4))
-        await strip_labels(api_client, namespace, lease_name(CLUSTER, 2))
+        await strip_labels(kube, namespace, lease_name(CLUSTER, 2))
 
         assert 2 not in await node.list_leases(CLUSTER), "the LIST misses it"
         with caplog.at_level("WARNING", logger="shardlease.store.kubernetes"):
@@ -448,12 +448,12 @@ async def test_a_lease_stripped_of_its_labels_is_found_reported_and_claimed_thro
 
 
 async def test_a_lease_under_its_old_name_stays_the_shards_lease(
-        namespace: str, kubeconfig: str, api_client: Any) -> None:
+        namespace: str, kubeconfig: str, api_client: Any, kube: KubeClient) -> None:
     # As an earlier version wrote it: `shardlease-<cluster>-<shard>`, labelled.
     old = make_lease(shard=3, owner="old-node", generation=41)
     body = lease_to_object(old, namespace, None, old.renewed_at,
                            name=legacy_lease_name(CLUSTER, 3))
-    status, payload = await call(api_client, "POST", LEASES.format(ns=namespace), body)
+    status, payload = await kube.call("POST", LEASES.format(ns=namespace), body)
     assert status == 201, payload
     coord = client.CoordinationV1Api(api_client)
     store = open_store(f"kubernetes://{namespace}")

@@ -10,8 +10,8 @@ from kubernetes_asyncio import client
 
 from shardlease.k8s.agent import Agent
 from shardlease.k8s.spec import ShardSetSpec
+from shardlease.kubeapi import KubeClient
 from shardlease.loop import Owner
-from shardlease.stores.kubernetes import api_client
 
 from .scenario import apply_crd
 
@@ -76,10 +76,6 @@ async def test_a_stale_agent_never_drops_the_operators_conditions(
         await agent._api.close()
 
 
-async def api_client_for(kubeconfig: str) -> Any:
-    return await api_client(kubeconfig)
-
-
 async def shardset_and_agent(namespace: str, kubeconfig: str, api: client.ApiClient
                              ) -> tuple[dict[str, Any], dict[str, Any], Agent]:
     """A ShardSet of 2 shards (its spec and the object created), and an
@@ -91,7 +87,7 @@ async def shardset_and_agent(namespace: str, kubeconfig: str, api: client.ApiCli
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
             "spec": spec})
     agent = Agent(namespace=namespace, shardset="db", pod_name="db-0", kubeconfig=kubeconfig)
-    agent._api = await api_client_for(kubeconfig)
+    agent._api = KubeClient.from_config(kubeconfig)
     return spec, created, agent
 
 

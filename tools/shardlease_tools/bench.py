@@ -1161,16 +1161,16 @@ def bench_requests(quick: bool, kubeconfig: str | None = None) -> None:
 
 async def _k8s_namespace(kubeconfig: str, delete: str | None = None) -> str:
     """Make a namespace for one measurement (or delete it)."""
-    from shardlease.stores.kubernetes import api_client, call
+    from shardlease.kubeapi import KubeClient
 
-    api = await api_client(kubeconfig)
+    api = KubeClient.from_config(kubeconfig)
     try:
         if delete is not None:
-            await call(api, "DELETE", f"/api/v1/namespaces/{delete}")
+            await api.call("DELETE", f"/api/v1/namespaces/{delete}")
             return delete
         name = f"bench-{os.urandom(3).hex()}"
-        status, payload = await call(api, "POST", "/api/v1/namespaces",
-                                     {"metadata": {"name": name}})
+        status, payload = await api.call("POST", "/api/v1/namespaces",
+                                         {"metadata": {"name": name}})
         if status not in (200, 201):
             raise RuntimeError(f"cannot create namespace {name}: {status} {payload}")
         return name

@@ -59,10 +59,10 @@ from shardlease.k8s.status import (
     merge_conditions,
     published_generations,
 )
+from shardlease.kubeapi import KubeClient
 from shardlease.loop import PlacementLoop
 from shardlease.routing import shard_for_key
 from shardlease.stores import open_store
-from shardlease.stores.kubernetes import api_client, call
 from shardlease.telemetry import (
     Claim,
     Event,
@@ -122,7 +122,7 @@ class Agent:
         #: The highest generation per shard of this agent's earlier loops.
         self._generations: dict[int, int] = {}
         self._last_publish = 0.0
-        self._api: Any = None
+        self._api: KubeClient | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._web: web.AppRunner | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -143,7 +143,7 @@ class Agent:
             settings.watching.server_timeout = 300
             await self.start()
 
-        register_login(reg)
+        register_login(reg, self.kubeconfig)
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
@@ -171,8 +171,14 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------
 
+    @property
+    def api(self) -> KubeClient:
+        if self._api is None:
+            raise RuntimeError("the agent's API client is made by start()")
+        return self._api
+
     async def start(self) -> None:
-        self._api = await api_client(self.kubeconfig)
+        self._api = KubeClient.from_config(self.kubeconfig)
         await self._serve()
         self._supervisor = self._spawn(self._supervise(), "supervisor")
         self._spawn(self._publish_status(), "status")
@@ -500,7 +506,7 @@ class Agent:
         apply = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet",
                  "metadata": {"name": self.shardset, "namespace": self.namespace},
                  "status": applied}
-        code, answer = await call(self._api, "PATCH", path + "/status", apply,
+        code, answer = await self.api.call("PATCH", path + "/status", apply,
                                   "application/apply-patch+yaml",
                                   query=[("fieldManager", "shardlease-agent"),
                                          ("force", "true")])
@@ -565,7 +571,7 @@ class Agent:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            code, answer = await call(self._api, "POST",
+            code, answer = await self._api.call("POST",
                                       f"/api/v1/namespaces/{self.namespace}/events", event)
             if code >= 300:
                 logger.warning("could not post the %s event: %s %s", reason, code,
@@ -657,7 +663,7 @@ class Agent:
             return spec.hold_seconds  # (not a StatefulSet's pod name: nothing scales it away)
         path = f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/{spec.stateful_set}"
         try:
-            code, body = await asyncio.wait_for(call(self._api, "GET", path), 5.0)
+            code, body = await asyncio.wait_for(self.api.call("GET", path), 5.0)
         except Exception as e:
             logger.warning("handoff hold: cannot read StatefulSet %s (%s): freeing the shards "
                            "for the other pods", spec.stateful_set, e)
@@ -684,7 +690,7 @@ class Agent:
         that may lag the deletion), else the watch's copy."""
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
         try:
-            code, body = await call(self._api, "GET", path)
+            code, body = await self.api.call("GET", path)
             if code == 200:
                 return body
             logger.warning("drain: cannot read pod %s: %s %s", self.pod_name, code,
@@ -701,7 +707,7 @@ class Agent:
         if uid:
             selector += f",involvedObject.uid={uid}"
         try:
-            code, body = await call(self._api, "GET",
+            code, body = await self.api.call("GET",
                                     f"/api/v1/namespaces/{self.namespace}/events",
                                     query=[("fieldSelector", selector)], request_timeout=5.0)
         except Exception as e:

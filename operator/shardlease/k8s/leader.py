@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shardlease.errors import ConfigError
+from shardlease.kubeapi import KubeClient
 from shardlease.observed import Observed
-from shardlease.stores.kubernetes import call
 
 logger = logging.getLogger("shardlease.leader")
 
@@ -33,7 +33,7 @@ def _now_micro() -> str:
 
 
 class LeaderElector:
-    def __init__(self, api: Callable[[], Awaitable[Any]], *, namespace: str, name: str,
+    def __init__(self, api: Callable[[], Awaitable[KubeClient]], *, namespace: str, name: str,
                  identity: str, lease_duration: float = 15.0, renew_deadline: float = 10.0,
                  retry_period: float = 2.0) -> None:
         if not retry_period < renew_deadline < lease_duration:
@@ -67,12 +67,12 @@ class LeaderElector:
         """One round; True while this replica holds the Lease."""
         loop = asyncio.get_running_loop()
         api = await self.api()
-        code, lease = await call(api, "GET", self.path)
+        code, lease = await api.call("GET", self.path)
         if code == 404:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._spec(0, None)}
-            code, _ = await call(api, "POST", self.path.rsplit("/", 1)[0], body)
+            code, _ = await api.call("POST", self.path.rsplit("/", 1)[0], body)
             return code == 201
         if code != 200:
             raise ConfigError(f"cannot read the leader Lease {self.namespace}/{self.name}: "
@@ -92,8 +92,8 @@ class LeaderElector:
         else:
             new = self._spec(int(spec.get("leaseTransitions") or 0) + 1, None)
         body = {"metadata": {"resourceVersion": version}, "spec": new}
-        code, answer = await call(api, "PATCH", self.path, body,
-                                  "application/merge-patch+json")
+        code, answer = await api.call("PATCH", self.path, body,
+                                      "application/merge-patch+json")
         if code == 200:
             self._observed.see(self.path,
                                str((answer.get("metadata") or {}).get("resourceVersion")),

@@ -1,8 +1,12 @@
 """kopf login and identity for the agent's and the operator's registries.
 
 A registry of our own (`kopf.OperatorRegistry()`) has none of kopf's default
-login handlers, so each registers this one: the pod's ServiceAccount inside
-a cluster, else the kubeconfig.
+login handlers, so each registers this one. It logs in exactly as
+`shardlease.kubeapi` does for the calls of our own (the pod's ServiceAccount
+inside a cluster, else the kubeconfig and its context, exec plugins
+included), so kopf's watches and our requests never use two different
+identities. Credentials that expire (an exec plugin's) carry their expiry,
+and kopf logs in again when they pass it or on a 401.
 
 kopf names every operator process by an identity. Left to itself it builds
 one from `getpass.getuser()`, which looks the uid up in /etc/passwd and
@@ -23,11 +27,29 @@ import kopf
 # kopf's identity type is not re-exported; it is a NewType of str.
 from kopf._core.engines.peering import Identity
 
+from shardlease import kubeapi
 
-def register_login(registry: kopf.OperatorRegistry) -> None:
+
+def register_login(registry: kopf.OperatorRegistry, kubeconfig: str | None = None) -> None:
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return await connection_info(kubeapi.login(kubeconfig))
+
+
+async def connection_info(login: kubeapi.Login) -> kopf.ConnectionInfo:
+    """kopf's form of a kubeapi Login, with its credentials of this moment."""
+    creds = await kubeapi.credentials(login)
+    auth = creds.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return kopf.ConnectionInfo(
+        server=login.server, ca_path=login.ca_file, ca_data=login.ca_data,
+        insecure=login.insecure or None,
+        scheme=scheme or None, token=token or None,
+        certificate_path=None if (creds.cert_data or login.cert_data) else login.cert_file,
+        certificate_data=creds.cert_data or login.cert_data,
+        private_key_path=None if (creds.key_data or login.key_data) else login.key_file,
+        private_key_data=creds.key_data or login.key_data,
+        default_namespace=login.namespace, expiration=creds.expires)
 
 
 def identity(pod_name: str | None = None) -> Identity:

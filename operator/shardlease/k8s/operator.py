@@ -61,7 +61,7 @@ from shardlease.k8s.spec import (
     spec_from_annotations,
 )
 from shardlease.k8s.status import interval_of, merge_conditions, stale_for
-from shardlease.stores.kubernetes import api_client, call
+from shardlease.kubeapi import KubeClient
 
 logger = logging.getLogger("shardlease.operator")
 
@@ -132,15 +132,15 @@ class Operator:
         self._resync: asyncio.Task[None] | None = None
         self._probes: ProbeServer | None = None
         self._warmer: asyncio.Task[None] | None = None
-        self._api: Any = None
+        self._api: KubeClient | None = None
         self._lock = asyncio.Lock()
         self.registry = kopf.OperatorRegistry()
         self._register()
 
-    async def api(self) -> Any:
+    async def api(self) -> KubeClient:
         async with self._lock:
             if self._api is None:
-                self._api = await api_client(self.kubeconfig)
+                self._api = KubeClient.from_config(self.kubeconfig)
             return self._api
 
     async def run(self) -> None:
@@ -166,7 +166,7 @@ class Operator:
                                            alive=self.problem)
                 await self._probes.start(*self.http)
 
-        register_login(reg)
+        register_login(reg, self.kubeconfig)
 
         @kopf.on.cleanup(registry=reg)
         async def cleanup(**_: Any) -> None:
@@ -237,7 +237,7 @@ class Operator:
             try:
                 items: list[dict[str, Any]] = []
                 for path in paths:
-                    code, body = await call(await self.api(), "GET", path)
+                    code, body = await (await self.api()).call("GET", path)
                     if code != 200:
                         raise ConfigError(f"GET {path}: {code} {body.get('message', '')}")
                     items += body.get("items") or []
@@ -257,7 +257,7 @@ class Operator:
 
     async def detect_native_sidecars(self) -> None:
         try:
-            code, version = await call(await self.api(), "GET", "/version")
+            code, version = await (await self.api()).call("GET", "/version")
         except Exception as e:
             code, version = 0, {"message": str(e)}
         if code != 200:
@@ -298,7 +298,7 @@ class Operator:
 
     async def _read_statefulset(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
-            code, body = await call(await self.api(), "GET",
+            code, body = await (await self.api()).call("GET",
                                     f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}")
         except Exception as e:
             logger.warning("webhook: cannot read StatefulSet %s/%s: %s", ns, name, e)
@@ -614,7 +614,7 @@ class Operator:
                     query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
         """One API call; statuses in `allow` are returned, other failures
         become kopf.TemporaryError (kopf logs them and the next event retries)."""
-        status, payload = await call(await self.api(), method, path, body, content_type,
+        status, payload = await (await self.api()).call(method, path, body, content_type,
                                      query=query)
         if status >= 400 and status not in allow:
             raise kopf.TemporaryError(

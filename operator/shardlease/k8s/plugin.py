@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -28,9 +27,9 @@ from typing import Any
 from shardlease.errors import PluginError as PluginError  # (re-exported: its old home)
 from shardlease.errors import ShardleaseError
 from shardlease.k8s.rollouts import Rollout
+from shardlease.kubeapi import KubeClient
 from shardlease.owners import OwnerRow, owners_table
 from shardlease.routing import shard_for_key
-from shardlease.stores.kubernetes import api_client, call
 
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -66,29 +65,17 @@ def ago(stamp: str | None, now: dt.datetime) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
-def default_namespace(kubeconfig: str | None) -> str:
-    """The kubeconfig's current namespace, as kubectl picks it."""
-    from kubernetes_asyncio import config
-
-    try:
-        _, active = config.list_kube_config_contexts(
-            config_file=kubeconfig or os.environ.get("KUBECONFIG"))
-        return str(((active or {}).get("context") or {}).get("namespace") or "default")
-    except Exception:
-        return "default"
-
-
 class View:
     """One read of a ShardSet and what goes with it."""
 
-    def __init__(self, api: Any, namespace: str, name: str) -> None:
+    def __init__(self, api: KubeClient, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
         self.shardset: dict[str, Any] = {}
         self.pods: dict[str, dict[str, Any]] = {}
 
     async def load(self, with_pods: bool = True) -> View:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.name}"
-        code, body = await call(self.api, "GET", path)
+        code, body = await self.api.call("GET", path)
         if code == 404:
             raise PluginError(f'shardset "{self.name}" not found in namespace '
                               f'"{self.namespace}"')
@@ -99,7 +86,7 @@ class View:
         selector = (body.get("spec") or {}).get("selector") or {}
         if with_pods and selector:
             labels = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-            code, pods = await call(self.api, "GET", f"/api/v1/namespaces/{self.namespace}/pods",
+            code, pods = await self.api.call("GET", f"/api/v1/namespaces/{self.namespace}/pods",
                                     query=[("labelSelector", labels)])
             if code == 200:
                 self.pods = {p["metadata"]["name"]: p for p in pods.get("items") or []}
@@ -199,7 +186,7 @@ async def describe(view: View) -> str:
              for c in status.get("conditions") or []]
     lines.append(table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"), conds)
                  if conds else "  (none)")
-    code, events = await call(view.api, "GET", f"/api/v1/namespaces/{view.namespace}/events",
+    code, events = await view.api.call("GET", f"/api/v1/namespaces/{view.namespace}/events",
                               query=[("fieldSelector", f"involvedObject.name={view.name}")])
     items = sorted(events.get("items") or [] if code == 200 else [],
                    key=lambda e: e.get("lastTimestamp") or "")[-15:]
@@ -233,8 +220,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace) -> str:
-    namespace = args.sub_namespace or args.namespace or default_namespace(args.kubeconfig)
-    api = await api_client(args.kubeconfig, args.context)
+    api = KubeClient.from_config(args.kubeconfig, args.context)
+    namespace = args.sub_namespace or args.namespace or api.namespace or "default"
     try:
         view = await View(api, namespace, args.name).load(with_pods=args.command != "owners")
         if args.command == "owners":

@@ -106,7 +106,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import re
 import time
@@ -117,7 +116,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from shardlease.errors import ConfigError, Conflict, StoreError
+from shardlease.errors import ConfigError, Conflict, KubeAPIError, StoreError
+from shardlease.kubeapi import KubeClient
 from shardlease.records import (
     FORMAT,
     MAX_RECORD_BYTES,
@@ -533,54 +533,6 @@ class _View:
             self.pending[name] = (entry.version, now)
 
 
-async def call(api: Any, method: str, path: str, body: Any = None,
-               content_type: str = "application/json", request_timeout: float = 15.0,
-               query: list[tuple[str, str]] | None = None) -> tuple[int, dict[str, Any]]:
-    """One raw JSON call to the API server: (HTTP status, decoded JSON body);
-    never raises for an HTTP status. Shared with the agent and the operator.
-
-    kubernetes_asyncio's typed models are skipped on purpose: they are slow to
-    deserialize and hide the server's error message, which is what a user needs.
-    """
-    resp = await api.call_api(
-        path, method, query_params=query or [],
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-        body=body, auth_settings=["BearerToken"], _preload_content=False,
-        _request_timeout=request_timeout)
-    if isinstance(resp, tuple):
-        resp = resp[0]
-    try:
-        data = await resp.read()
-    finally:
-        resp.release()
-    try:
-        payload = json.loads(data) if data else {}
-    except ValueError:
-        payload = {"message": data[:300].decode(errors="replace")}
-    return int(resp.status), payload
-
-
-async def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A kubernetes_asyncio ApiClient: in-cluster config inside a pod (unless a
-    kubeconfig or context is named), else KUBECONFIG / ~/.kube/config."""
-    from kubernetes_asyncio import config
-    from kubernetes_asyncio.client import ApiClient, Configuration
-
-    conf = Configuration()
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig and not context:
-            config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
-        else:
-            # Read KUBECONFIG now: the client library reads it once, at import.
-            await config.load_kube_config(
-                config_file=kubeconfig or os.environ.get("KUBECONFIG"), context=context,
-                client_configuration=conf)
-    except Exception as e:
-        raise StoreError(
-            f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from None
-    return ApiClient(configuration=conf)
-
-
 class KubernetesStore(LeaseStore):
     def __init__(self, namespace: str, *, context: str | None = None,
                  kubeconfig: str | None = None, timeout: float = 10.0, watch: bool = True,
@@ -612,7 +564,7 @@ class KubernetesStore(LeaseStore):
         self._listed: dict[tuple[str, str], dict[str, _Entry]] = {}
         #: LISTs that loaded a cache (the first and every resync), for tests.
         self.resyncs: list[str] = []
-        self._api: Any = None
+        self._api: KubeClient | None = None
         self._lock = asyncio.Lock()
         self._beat_versions: dict[tuple[str, str], str] = {}
         #: (cluster, shard) -> (generation, acquireTime) of the claims this store wrote.
@@ -647,10 +599,14 @@ class KubernetesStore(LeaseStore):
     def describe(self) -> str:
         return f"kubernetes://{self.namespace}"
 
-    async def _client(self) -> Any:
+    async def _client(self) -> KubeClient:
         async with self._lock:
             if self._api is None:
-                self._api = await api_client(self.kubeconfig, self.context)
+                try:
+                    self._api = KubeClient.from_config(self.kubeconfig, self.context)
+                except ConfigError as e:
+                    raise StoreError(f"kubernetes store: no usable Kubernetes configuration "
+                                     f"(in-cluster or kubeconfig): {e}") from None
             return self._api
 
     async def aclose(self) -> None:
@@ -673,9 +629,9 @@ class KubernetesStore(LeaseStore):
         content_type = ("application/merge-patch+json" if method == "PATCH"
                         else "application/json")
         try:
-            status, payload = await call(api, method, path, body, content_type,
-                                         request_timeout=self.timeout, query=query)
-        except Exception as e:  # connection errors, timeouts (aiohttp's are not OSErrors)
+            status, payload = await api.call(method, path, body, content_type,
+                                             request_timeout=self.timeout, query=query)
+        except KubeAPIError as e:
             raise StoreError(f"kubernetes store: {method} {path} failed: {e!r}") from None
         if method != "GET" and status in (200, 201, 202) and self._views:
             self._wrote(method, path, payload)
@@ -846,39 +802,32 @@ class KubernetesStore(LeaseStore):
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout,
                                         sock_connect=self.timeout, sock_read=self.stale_after)
         try:
-            resp = await api.call_api(
-                self._path(), "GET", query_params=query,
-                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                _preload_content=False, _request_timeout=timeout)
-        except Exception as e:
+            async with api.stream(self._path(), query, timeout) as resp:
+                if resp.status != 200:
+                    data = await resp.read()
+                    try:
+                        payload = json.loads(data) if data else {}
+                    except ValueError:
+                        payload = {"message": data[:300].decode(errors="replace")}
+                    if resp.status == 410:
+                        raise _Expired(str(payload.get("message", "410 Gone")))
+                    raise self._fail(f"watching leases of {view.cluster}", int(resp.status),
+                                     payload)
+                view.sign = time.monotonic()
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    while (end := buffer.find(b"\n")) >= 0:
+                        line = bytes(buffer[:end])
+                        del buffer[:end + 1]
+                        if line.strip():
+                            self._event(view, line)
+                    if len(buffer) > WATCH_LINE_LIMIT:
+                        raise StoreError(f"kubernetes store: a watch event of cluster "
+                                         f"{view.cluster} is over {WATCH_LINE_LIMIT} bytes")
+        except KubeAPIError as e:
             raise StoreError(f"kubernetes store: watching leases of {view.cluster} failed: "
-                             f"{e!r}") from None
-        if isinstance(resp, tuple):
-            resp = resp[0]
-        try:
-            if resp.status != 200:
-                data = await resp.read()
-                try:
-                    payload = json.loads(data) if data else {}
-                except ValueError:
-                    payload = {"message": data[:300].decode(errors="replace")}
-                if resp.status == 410:
-                    raise _Expired(str(payload.get("message", "410 Gone")))
-                raise self._fail(f"watching leases of {view.cluster}", int(resp.status), payload)
-            view.sign = time.monotonic()
-            buffer = bytearray()
-            async for chunk in resp.content.iter_any():
-                buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0:
-                    line = bytes(buffer[:end])
-                    del buffer[:end + 1]
-                    if line.strip():
-                        self._event(view, line)
-                if len(buffer) > WATCH_LINE_LIMIT:
-                    raise StoreError(f"kubernetes store: a watch event of cluster "
-                                     f"{view.cluster} is over {WATCH_LINE_LIMIT} bytes")
-        finally:
-            resp.close()
+                             f"{e}") from None
 
     def _event(self, view: _View, line: bytes) -> None:
         event = json.loads(line)
