@@ -30,7 +30,7 @@ EXPECTED = {
     # the errors (shardlease.errors)
     "ShardleaseError", "ConfigError", "StoreError", "StoreUnsafe", "Conflict",
     "CorruptRecord", "HostError", "OutdatedGeneration", "EngineError", "RunnerDied", "LoopDied",
-    "PluginError", "DemoError",
+    "PluginError", "DemoError", "KubeAPIError",
 }
 
 EXPORTED_ERRORS = [name for name in shardlease.__all__

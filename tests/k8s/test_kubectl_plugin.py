@@ -134,3 +134,25 @@ async def test_kubectl_shardlease_says_what_is_missing(
         f'kubectl shardlease: shardset "nope" not found in namespace "{namespace}"')
     usage = kubectl(kubeconfig, "shardlease", "frobnicate")
     assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+async def test_kubectl_shardlease_takes_the_namespace_of_the_context_it_is_given(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient,
+        tmp_path: Path) -> None:
+    # kubectl's rule: no -n, so the named context's namespace (before, the
+    # current context's was read whatever --context said).
+    await make_shardset(api_client, namespace)
+    config = json.loads(Path(kubeconfig).read_text())
+    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    config["contexts"].append({"name": "team", "context": {**current["context"],
+                                                           "namespace": namespace}})
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    out = kubectl(str(path), "shardlease", "--context", "team", "owners", "db", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["shards"][1]["owner"] == "db-1"
+    wrong = kubectl(str(path), "shardlease", "--context", "nope", "owners", "db")
+    assert wrong.returncode == 1
+    assert wrong.stderr.startswith("kubectl shardlease: kubeconfig ")
+    assert "no context 'nope' (there are: " in wrong.stderr and "team" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
