@@ -163,3 +163,34 @@ async def test_a_port_in_use_is_a_config_error() -> None:
             await b.start()
     finally:
         await a.channel.aclose()
+
+
+async def test_an_epochs_end_wakes_a_round_at_once_and_old_hints_still_settle() -> None:
+    # docs/renewal.md rule 12: an ended epoch says it all (one write freed
+    # every lease of it), so its round starts at once, as on Kubernetes (the
+    # watch's change of an epoch does not settle). Before, the datagram said
+    # only "freed" and every receiver waited HINT_SETTLE for frees that
+    # never come: 0.1 s more on every move of a node-mode stop.
+    peers: dict[str, str] = {}
+    a, b = Peer("a", peers), Peer("b", peers)
+    peers["a"], peers["b"] = await a.start(), await b.start()
+    host, port = parse_address(peers["b"], "test")
+    try:
+        for shard in range(4):  # as Keeper.end_epoch emits them
+            a.channel.on_event(Release(cluster="c", node="a", shard=shard, ended=True))
+        await until(lambda: b.woken == 1)
+        a.channel.on_event(Release(cluster="c", node="a", shard=9))  # one free, shard mode
+        await until(lambda: b.woken == 2)
+        assert b.settles == [False, True]
+        # A hint of an older version (no `complete`) is a free, which settles;
+        # an older receiver ignores the field it does not know (extra="ignore").
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b'{"cluster": "c", "node": "x", "why": "freed", "format": 1}',
+                        (host, port))
+            await until(lambda: b.woken == 3)
+        assert b.settles[-1] is True
+        sent = Hint(cluster="c", node="a", why="freed", complete=True).model_dump()
+        assert sent["why"] == "freed"  # what an older receiver knows
+    finally:
+        await a.channel.aclose()
+        await b.channel.aclose()

@@ -16,7 +16,9 @@ a request: nothing waits for an answer, nothing retries.
 
 The frees of one burst (an epoch's end frees every lease at once; shard-mode
 frees come one write each) are sent as one datagram per peer: a hint waits
-`COALESCE` seconds for the rest of its burst.
+`COALESCE` seconds for the rest of its burst. A hint that says all there is
+(`complete`: a join, or an epoch's end) starts the receiver's round at once;
+a free may be one of several, so its round waits `loop.HINT_SETTLE` for them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ MAX_DATAGRAM = 1024
 WARN_EVERY = 60.0
 
 Why = Literal["freed", "joined"]
+#: What a burst is about: `Why`, or an epoch's end (sent as "freed", complete).
+Reason = Literal["freed", "joined", "ended"]
 
 
 class Hint(BaseModel):
@@ -54,6 +58,11 @@ class Hint(BaseModel):
     cluster: str = Field(min_length=1, max_length=63)
     node: str = Field(min_length=1, max_length=253)
     why: Why
+    #: Nothing more follows (an epoch's end freed every lease of it, or a
+    #: join): the receiver's round need not wait for more. Absent in the
+    #: hints of older versions (a free then settles), and ignored by older
+    #: receivers (extra="ignore"), which read an epoch's end as a free.
+    complete: bool = False
     format: int = Field(default=1, ge=1)
 
 
@@ -83,7 +92,7 @@ class HintChannel(asyncio.DatagramProtocol):
         self.peers = peers
         self.on_hint = on_hint
         self.transport: asyncio.DatagramTransport | None = None
-        self._pending: set[Why] = set()
+        self._pending: set[Reason] = set()
         self._sending: asyncio.Task[None] | None = None
         self._warned_at = -WARN_EVERY
         #: Counts, for tests and metrics: datagrams sent, hints taken, dropped.
@@ -120,11 +129,11 @@ class HintChannel(asyncio.DatagramProtocol):
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Release):
-            self.send("freed")
+            self.send("ended" if event.ended else "freed")
         elif isinstance(event, Joined):
             self.send("joined")
 
-    def send(self, why: Why) -> None:
+    def send(self, why: Reason) -> None:
         """Hint every peer, once per burst."""
         self._pending.add(why)
         if self.transport is None or (self._sending is not None and not self._sending.done()):
@@ -144,7 +153,11 @@ class HintChannel(asyncio.DatagramProtocol):
         # "joined" matters more than "freed" to nobody: the receiver does the
         # same either way; the reason is for its logs.
         why: Why = "joined" if "joined" in pending else "freed"
-        data = Hint(cluster=self.cluster, node=self.name, why=why).model_dump_json().encode()
+        # Complete only when nothing in the burst is a lone free: a burst
+        # with a shard-mode free in it may have more frees coming.
+        complete = "freed" not in pending
+        data = Hint(cluster=self.cluster, node=self.name, why=why,
+                    complete=complete).model_dump_json().encode()
         for peer, address in sorted(self.peers().items()):
             if peer == self.name or self.transport is None:
                 continue
@@ -188,8 +201,8 @@ class HintChannel(asyncio.DatagramProtocol):
         self.received += 1
         logger.debug("hint from %s: %s", hint.node, hint.why)
         # (A freed lease may be one of several frees: the round waits a
-        # little for the others; a join says all there is to say.)
-        self.on_hint(hint.why == "freed")
+        # little for the others; a join or an epoch's end says all there is.)
+        self.on_hint(hint.why == "freed" and not hint.complete)
 
     def error_received(self, exc: Exception) -> None:
         # (An ICMP unreachable from a peer that is not listening yet.)

@@ -419,7 +419,8 @@ class Keeper:
             return
         for shard in shards:
             self.released(shard)
-            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
+            self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard,
+                                        ended=True))
 
     def stranded(self) -> list[int]:
         """Node mode: closed shards of the current epoch whose lease could not

@@ -43,6 +43,9 @@ class Claim(Event):
 class Release(Event):
     KIND = "release"
     shard: int
+    #: Freed by the end of this node's epoch (a node-mode stop): the one
+    #: write that freed every lease of it, so no more frees follow.
+    ended: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -211,11 +211,12 @@ class SimNode:
         match ev:
             case Claim(shard=s, generation=g):
                 self._record("claim", s, g)
-            case Release(shard=s):
+            case Release(shard=s, ended=ended):
                 self._record("release", s)
-                self.world.send_hints(self)
+                # As shardlease.hints sends them: an epoch's end is complete.
+                self.world.send_hints(self, settle=not ended)
             case Joined():
-                self.world.send_hints(self)
+                self.world.send_hints(self, settle=False)
             case Lost(shard=s):
                 self._record("lost", s)
             case SelfFence(shards=shards):
@@ -504,10 +505,11 @@ class World:
             node.tasks[task] = None
             task.add_done_callback(lambda t: node.tasks.pop(t, None))
 
-    def send_hints(self, sender: SimNode) -> None:
+    def send_hints(self, sender: SimNode, settle: bool = True) -> None:
         """`sender` freed a lease or joined: hint every other node, each hint
         lost or late as `hints` says (a burst of frees sends one per free:
-        what the loop must coalesce)."""
+        what the loop must coalesce). `settle`: the woken round waits for
+        more frees (a lone free) or not (an epoch's end, a join)."""
         if self.hints is None or sender.blackholed:
             return
         loop = asyncio.get_running_loop()
@@ -518,7 +520,7 @@ class World:
                 continue
             delay = sender.hint_rng.uniform(0, self.hints.delay) if self.hints.delay else 0.0
             self.record(node.label, "hinted", detail=sender.label)
-            loop.call_later(delay, node.loop.hint)
+            loop.call_later(delay, node.loop.hint, settle)
 
     def peer_names(self) -> list[str]:
         """Peer discovery: the pods that exist (not crashed, not departed),
