@@ -37,7 +37,8 @@ Schedules, each its own task, so that nothing slow on one delays another:
   joined, told by a store's watch or by the peer itself (`shardlease.hints`).
   A hint only wakes a round, which judges what it reads as any round does;
   woken rounds start at least `HINT_GAP` intervals apart, and a burst of
-  hints wakes one round, `HINT_SETTLE` after the first.
+  hints wakes one round, once `HINT_QUIET` passed without another (at most
+  `HINT_SETTLE` after the first).
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -112,6 +113,10 @@ HINT_GAP = 0.25
 #: next woken round, HINT_GAP later. An ended epoch or a peer come or gone
 #: is one event that says it all: its round starts at once (`settles`).
 HINT_SETTLE = 0.1
+#: ... but only until no hint came for this long: the frees of one burst
+#: come a few ms apart, so a quiet moment says the burst is over (a debounce,
+#: capped by HINT_SETTLE), and a lone free's round starts this soon after it.
+HINT_QUIET = 0.03
 
 def settles(change: Change) -> bool:
     """Whether the round a change wakes waits HINT_SETTLE for more like it:
@@ -213,8 +218,10 @@ class PlacementLoop:
         self._wake = asyncio.Event()
         #: A hint came since the last round began: the next one starts soon.
         self._hinted = False
-        #: The round the hints ask for waits HINT_SETTLE (see `hint`).
+        #: The round the hints ask for waits for more frees (see `hint`).
         self._settle = True
+        #: When the first and the last hint since the last round began came.
+        self._first_hint = self._last_hint = -math.inf
         #: Whether this node's liveness record has landed once (`Joined`).
         self._joined = False
         #: When the rounds of the first interval end (set by the first).
@@ -395,6 +402,10 @@ class PlacementLoop:
         said all there was to say (`settle` False: see `settles`)."""
         if self.life is Life.STOPPED:
             return
+        now = self.clock.monotonic()
+        if not self._hinted:
+            self._first_hint = now
+        self._last_hint = now
         self._settle = settle if not self._hinted else self._settle and settle
         self._hinted = True
         self._wake.set()
@@ -500,11 +511,7 @@ class PlacementLoop:
                     # Rate limit: not sooner than HINT_GAP after the last
                     # hinted round began (a round of its time does not delay
                     # one: it may have read just before the free).
-                    gap = hinted_at + HINT_GAP * self.options.interval_s - self.clock.monotonic()
-                    settle = min(HINT_SETTLE, HINT_GAP * self.options.interval_s) \
-                        if self._settle else 0.0
-                    await self._sleep(min(max(settle, gap), delay), runner, keepers,
-                                      wakeable=False)
+                    await self._settle_hints(hinted_at, delay, runner, keepers)
                     hinted_at = self.clock.monotonic()
                 self._check_alive(runner, keepers)
         except asyncio.CancelledError:
@@ -534,6 +541,24 @@ class PlacementLoop:
                 unwatch()
             self.life = Life.STOPPED
             self._done.set()
+
+    async def _settle_hints(self, hinted_at: float, delay: float, runner: asyncio.Task[None],
+                            keepers: list[asyncio.Task[None]]) -> None:
+        """Before a woken round: not sooner than HINT_GAP intervals after the
+        last woken round began (`hinted_at`), and, if its hints were frees,
+        not before HINT_QUIET passed without another hint (at most
+        HINT_SETTLE after the first); `delay` at most."""
+        interval = self.options.interval_s
+        limit = self.clock.monotonic() + delay
+        while True:
+            until = hinted_at + HINT_GAP * interval
+            if self._settle:
+                cap = self._first_hint + min(HINT_SETTLE, HINT_GAP * interval)
+                until = max(until, min(cap, self._last_hint + HINT_QUIET))
+            left = min(until, limit) - self.clock.monotonic()
+            if left <= 0 or runner.done() or any(k.done() for k in keepers):
+                return
+            await self._sleep(left, runner, keepers, wakeable=False)
 
     async def _sleep(self, delay: float, runner: asyncio.Task[None],
                      keepers: list[asyncio.Task[None]], *, wakeable: bool) -> None:
