@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -95,6 +96,10 @@ class Agent:
         self.kubeconfig = kubeconfig
         #: How long a drain waits for the kubelet's word (k8s/drain.py).
         self.announce_wait = ANNOUNCE_WAIT
+        #: The drains' one look at the API server in progress, and until when
+        #: it looks (loop time): see `_look`.
+        self._looking: asyncio.Future[tuple[str, str, dict[str, Any] | None]] | None = None
+        self._look_until = -math.inf
         self.peers = Peers()
         #: This pod as the watch last showed it (for drains: deletion, restarts).
         self.own_pod: dict[str, Any] | None = None
@@ -707,9 +712,9 @@ class Agent:
         if uid:
             selector += f",involvedObject.uid={uid}"
         try:
-            code, body = await self.api.call("GET",
-                                    f"/api/v1/namespaces/{self.namespace}/events",
-                                    query=[("fieldSelector", selector)], request_timeout=5.0)
+            code, body = await self.api.call(
+                "GET", f"/api/v1/namespaces/{self.namespace}/events",
+                query=[("fieldSelector", selector)], request_timeout=5.0)
         except Exception as e:
             logger.warning("drain: cannot list this pod's events: %s", e)
             return []
@@ -719,20 +724,38 @@ class Agent:
             return []
         return [e for e in body.get("items") or [] if isinstance(e, dict)]
 
+    async def _look(self) -> tuple[str, str, dict[str, Any] | None]:
+        """What a drain comes to (k8s/drain.py's verdict), looking again every
+        0.25 s while it is a refusal, until `_look_until`. One look at a time:
+        every drain request waits on the one in progress, which each request
+        extends to its own start + `announce_wait`. So a flood of requests
+        costs the API server what one look costs (a GET of the pod and a LIST
+        of its events each 0.25 s), and a genuine request that joins a look
+        begun by another still gets its own full wait for the kubelet's word."""
+        clock = asyncio.get_running_loop()
+        try:
+            while True:
+                pod = await self._own_pod_now()
+                kind, why = verdict(pod, await self._kubelet_stops(pod), self.port)
+                if kind != "refuse" or clock.time() >= self._look_until:
+                    return kind, why, pod
+                await asyncio.sleep(0.25)
+        finally:
+            self._looking = None
+
     async def _drain(self, request: web.Request) -> web.Response:
         """The request is not trusted (anyone on the pod network can send it):
         what it comes to is decided by the API server's view (k8s/drain.py)."""
         if self._stopping.is_set():
             await self.shutdown()
             return web.Response(text="drained\n")
-        clock = asyncio.get_running_loop()
-        end = clock.time() + self.announce_wait
-        while True:
-            pod = await self._own_pod_now()
-            kind, why = verdict(pod, await self._kubelet_stops(pod), self.port)
-            if kind != "refuse" or clock.time() >= end:
-                break
-            await asyncio.sleep(0.25)
+        self._look_until = max(self._look_until,
+                               asyncio.get_running_loop().time() + self.announce_wait)
+        if self._looking is None:
+            self._looking = asyncio.ensure_future(self._look())
+        # (Shielded: a request whose client went away must not cancel the
+        # look that others wait on.)
+        kind, why, pod = await asyncio.shield(self._looking)
         if kind == "final":
             logger.info("drain from %s: %s: handing every shard off", request.remote, why)
             await self.shutdown()
