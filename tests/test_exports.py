@@ -78,7 +78,7 @@ def test_every_telemetry_event_class_is_exported() -> None:
 # simulator's own failure (a test tool, not the library).
 NOT_SHARDLEASE_ERRORS = {
     "shardlease.runner._Expired",
-    "shardlease.stores.kubernetes._Expired",
+    "shardlease.stores.kubernetes.informer._Expired",
     "shardlease.sim.vloop.SimulationStuck",
 }
 

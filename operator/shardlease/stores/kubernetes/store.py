@@ -1,126 +1,23 @@
-"""Kubernetes store: one `coordination.k8s.io/v1` Lease per shard and per node.
-
-`kubernetes://NAMESPACE` (in-cluster config, else KUBECONFIG; `?context=NAME`
-picks a kubeconfig context). A shard's Lease is named
-`shardlease.<cluster>.shard.<shard>`, a node's heartbeat
-`shardlease.<cluster>.node.<node>` (see `lease_name`: names are injective),
-and both are labelled with the cluster (and the shard), so
-`kubectl get leases -l shardlease.io/cluster=<cluster>` shows the holders:
-
-    spec.holderIdentity        owner (absent when free)
-    spec.leaseTransitions      generation (the fencing token)
-    spec.acquireTime           when the current owner claimed it
-    spec.renewTime             last renewal (wall clock, informational)
-    spec.leaseDurationSeconds  lease_ttl, rounded up
-    annotations                incarnation and write id (see records.Lease)
-    shardlease.io/format       the record format, only when it is not 1
-                               (above records.FORMAT: not read, see records)
-
-Every write is a replace carrying the resourceVersion last read, so the API
-server refuses a stale one with 409 (the race is lost).
-
-Reads (`list_leases`, `list_heartbeats`) come from a cache per cluster fed by
-one label-selected WATCH of the cluster's Leases (its shard leases and its
-heartbeats), as client-go's informers do: the first read LISTs them (one
-request, both kinds), and the watch starts from that LIST's resourceVersion
-with bookmarks (`allowWatchBookmarks`) and `timeoutSeconds=watch_timeout`:
-the server ends each watch after that long and the store opens the next one
-from the last resourceVersion it saw (an event's or a bookmark's), so no event
-is missed and nothing is listed again. A read is answered from the cache only
-while the cache is *in sync and fresh*:
-
-- in sync: loaded by a LIST, and every watch since went on from the last
-  resourceVersion. A watch the server refuses with `410 Gone` (the version is
-  older than the server keeps: after a compaction, or an API server restart
-  whose new watch cache starts later) ends that;
-- fresh: a sign of life came less than `stale_after` seconds ago (default
-  `watch_timeout` + 5). A sign of life is a watch request answered, an event,
-  or a bookmark. A healthy watch with nothing to report still gives one at
-  least every `watch_timeout` seconds (the next watch's answer; and a bookmark
-  about 2 s before the end of a watch over about 8 s), so a silent watch
-  (a dead connection, a stopped API server) goes stale after `stale_after`;
-- echoed: every write of this store answered more than `ECHO_LIMIT` seconds
-  ago came back as its watch event. A connection that died without a word (a
-  middlebox dropped it) while new requests still work shows here first: a
-  running node writes its heartbeat every interval.
-
-Otherwise the read LISTs again, replaces the cache and restarts the watch from
-that LIST; a LIST that fails raises `StoreError`, so a broken or stale watch
-is a failed read (no claims, `lookup` keeps its last good view) exactly as a
-failed LIST is, and a stale cache is never served. A watch that fails to
-connect is retried from its last resourceVersion (with backoff) until it is
-stale. `get_lease` is always a GET (it decides whether a write of ours
-landed). A write of this store goes into the cache from the write's answer at
-once, and the watch events of that object that came before it (in flight
-when the answer arrived) are skipped until the write's own event arrives, so
-the cache never shows an object older than what this store wrote; later
-events win. resourceVersions are only ever compared for equality.
-
-Requests are counted by kind: `list` (each LIST page), `watch` (each watch
-opened), `get`, `put`, `delete`; watch events and bookmarks are not requests.
-Decoded records are kept by resourceVersion: a LIST or an event decodes only
-the objects whose version changed.
-
-`?watch=0` turns the watch off: every read is then a LIST (one for the
-leases, one for the heartbeats), as before; `?watch_timeout=SECONDS` sets the
-watch's server-side timeout (default 10, at least 1).
-
-A Lease whose labels were removed (`kubectl label ... shardlease.io/cluster-`)
-drops out of the label-selected LIST, but its name still takes the shard: a
-create then conflicts with a lease the LIST did not show. The store reads it
-by name, reports it, and from then on lists it with the others (a corrupt
-record, since its labels are wrong), so the loop holds it until it expires and
-then claims through it, which writes the labels back.
-
-Upgrading from the names before `shardlease.<cluster>.shard.<shard>`: they were
-`shardlease-<cluster>-<shard>` and `shardlease-<cluster>-node-<node>`, which
-could collide across clusters (cluster `c` node `c-0` and cluster `c-node-c`
-shard 0 were both `shardlease-c-node-c-0`). A shard Lease under its old name,
-labelled for its cluster and shard, stays that shard's lease for as long as it
-exists: it is listed, renewed and claimed under the old name (its version says
-so), so old and new nodes running side by side during a rolling upgrade share
-one object per shard and the generation carries on. Only shards that had no
-Lease at all get the new name. What is not safe: a shard that gets its first
-Lease while old and new nodes run side by side (a cluster started, or its
-shard count raised, during the rollout) can get one object under each name,
-so finish a rollout before changing the shard count; the store reports a
-shard with both. Old heartbeat objects are left behind: a node's current
-heartbeat wins over its old one in the listing, and an old one that no longer
-changes counts as a dead node's. Once no old version runs they can be deleted
-by name (old names start `shardlease-` but not `shardlease-h.`); do not delete
-the heartbeats by label: deleting a live node's heartbeat reads as that node
-stopping, and moves shards.
-
-Responses are read as raw JSON rather than the client's typed models: the
-typed deserializer is slow for a thousand Leases a round, and a Lease written
-by hand must reach our own validation (reported, not raised) intact.
-"""
+"""The Kubernetes store itself: requests, the listing and its cache's
+upkeep (the watch), and every read and compare-and-swap of the interface
+(see the package's doc)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import datetime as dt
-import hashlib
 import json
 import logging
 import math
 import random
-import re
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
-
-from pydantic import ValidationError
 
 from shardlease.errors import ConfigError, Conflict, KubeAPIError, StoreError
 from shardlease.kubeapi import KubeClient
 from shardlease.records import (
-    FORMAT,
-    MAX_RECORD_BYTES,
     Epoch,
     Heartbeat,
     Lease,
@@ -129,408 +26,47 @@ from shardlease.records import (
     stored_epoch,
 )
 from shardlease.stores.base import Change, EpochListing, LeaseStore
+from shardlease.stores.kubernetes.codec import (
+    _DNS_LABEL,
+    _LEGACY,
+    ANN_EPOCH,
+    ANN_FORMAT,
+    ANN_HOLD,
+    ANN_INCARNATION,
+    ANN_NODE,
+    ANN_RECORD,
+    ANN_RENEWAL,
+    ANN_RESERVED_FOR,
+    ANN_WRITE_ID,
+    LABEL_CLUSTER,
+    LABEL_ENDED,
+    LABEL_KIND,
+    LABEL_SHARD,
+    LEASES,
+    PAGE,
+    _decode,
+    _Entry,
+    _heartbeats_of,
+    _micro,
+    epoch_object_name,
+    lease_name,
+    lease_to_object,
+    legacy_lease_name,
+    node_object_name,
+    object_to_lease,
+)
+from shardlease.stores.kubernetes.informer import (
+    STALE_MARGIN,
+    WATCH_LINE_LIMIT,
+    WATCH_RETRY_FIRST,
+    WATCH_RETRY_MAX,
+    WATCH_TIMEOUT,
+    _Expired,
+    _retrieve,
+    _View,
+)
 
 logger = logging.getLogger("shardlease.store.kubernetes")
-
-GROUP = "shardlease.io"
-LABEL_CLUSTER = f"{GROUP}/cluster"
-LABEL_SHARD = f"{GROUP}/shard"
-LABEL_KIND = f"{GROUP}/kind"
-#: On an epoch object whose record is ended: the listing (the watch) tells.
-LABEL_ENDED = f"{GROUP}/ended"
-ANN_INCARNATION = f"{GROUP}/incarnation"
-ANN_WRITE_ID = f"{GROUP}/write-id"
-ANN_TTL = f"{GROUP}/ttl"
-#: The record's `since`, exactly (acquireTime shows it to kubectl users too,
-#: but only to the microsecond, and the record must read back as written).
-ANN_SINCE = f"{GROUP}/since"
-ANN_NODE = f"{GROUP}/node"
-#: "node" on a lease kept by its owner's epoch (absent: "shard").
-ANN_RENEWAL = f"{GROUP}/renewal"
-ANN_EPOCH = f"{GROUP}/epoch"
-#: A free lease kept for a node (`Lease.reserved_for`), and for how long.
-ANN_RESERVED_FOR = f"{GROUP}/reserved-for"
-ANN_HOLD = f"{GROUP}/hold"
-#: A lease record's `format`, written only when it is not 1 (so a Lease object
-#: of format 1 is what versions before the field wrote); absent: 1.
-ANN_FORMAT = f"{GROUP}/format"
-#: An epoch record, whole (its JSON), on the epoch's Lease object.
-ANN_RECORD = f"{GROUP}/record"
-LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
-PAGE = 500
-#: Largest Lease object accepted (without managedFields), in bytes.
-OBJECT_LIMIT = MAX_RECORD_BYTES
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-#: A Lease object name is a DNS subdomain: at most this long.
-_NAME_MAX = 253
-#: Version prefix of a shard Lease stored under its pre-injective name.
-_LEGACY = "legacy:"
-#: Server-side timeout of one watch request (`timeoutSeconds`), by default.
-WATCH_TIMEOUT = 10.0
-#: A cache is stale once no sign of life came for watch_timeout + this long.
-STALE_MARGIN = 5.0
-#: A cache is stale once a write of ours answered this long ago has not come
-#: back as a watch event (the API server sends events within milliseconds).
-ECHO_LIMIT = 5.0
-#: Longest line (one watch event) accepted from a watch, in bytes (etcd's
-#: own limit on an object is 1.5 MiB).
-WATCH_LINE_LIMIT = 4 * 1024 * 1024
-#: Pause before re-opening a watch that failed: doubling up to the second.
-WATCH_RETRY_FIRST, WATCH_RETRY_MAX = 0.2, 2.0
-
-
-def _micro(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _epoch(text: str | None) -> float:
-    if not text:
-        return 0.0
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def _informational_float(text: Any) -> float:
-    """`since` only feeds `shardlease owners`: a bad one is 0, not a corrupt record."""
-    try:
-        value = float(text) if isinstance(text, str) else 0.0
-    except ValueError:
-        return 0.0
-    return value if math.isfinite(value) and value > 0 else 0.0
-
-
-def _is_label(text: str) -> bool:
-    return len(text) <= 63 and bool(_DNS_LABEL.match(text))
-
-
-def object_name(cluster: str, kind: str, name: str) -> str:
-    """The Lease object name of (cluster, kind, name); no two triples share one.
-
-    Readable form `shardlease.<cluster>.<kind>.<name>`: the cluster is one DNS
-    label (no dot) and the kind a fixed word, so the name can be read back
-    into its parts and two triples never meet. When a part does not fit that
-    form (a cluster that is not a DNS label, a node name with capitals or
-    `_`, a name too long), the hashed form `shardlease-h.<kind>.<sha256 of the
-    triple>` is used: its first label is `shardlease-h`, never `shardlease`,
-    so it cannot meet a readable name, and the old (pre-injective) names all
-    start `shardlease-<cluster>-` and end in `-<digits>` or hold `-node-`,
-    which 40 hex digits never do.
-    """
-    readable = f"shardlease.{cluster}.{kind}.{name}"
-    if _is_label(cluster) and len(readable) <= _NAME_MAX \
-            and all(_is_label(part) for part in name.split(".")):
-        return readable
-    digest = hashlib.sha256(json.dumps([cluster, kind, name]).encode()).hexdigest()[:40]
-    return f"shardlease-h.{kind}.{digest}"
-
-
-def node_object_name(cluster: str, node: str) -> str:
-    """A heartbeat Lease's name."""
-    return object_name(cluster, "node", node)
-
-
-def epoch_object_name(cluster: str, node: str, epoch: str) -> str:
-    """An epoch Lease's name (epoch ids have no dot, so the pair reads back)."""
-    return object_name(cluster, "epoch", f"{node}.{epoch}")
-
-
-def lease_name(cluster: str, shard: int) -> str:
-    """A shard Lease's name."""
-    return object_name(cluster, "shard", str(shard))
-
-
-def _shard_named(name: str, prefix: str) -> int | None:
-    """The shard number after `prefix` in `name` (canonical decimal), or None."""
-    rest = name.removeprefix(prefix)
-    if rest == name or not rest.isascii() or not rest.isdigit() or str(int(rest)) != rest:
-        return None
-    return int(rest)
-
-
-def legacy_lease_name(cluster: str, shard: int) -> str:
-    """A shard Lease's name before names were injective (see the module doc)."""
-    return f"shardlease-{cluster}-{shard}"
-
-
-def lease_to_object(lease: Lease, namespace: str, version: str | None,
-                    acquired: float | None, name: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "leaseTransitions": lease.generation,
-        "leaseDurationSeconds": max(1, math.ceil(lease.ttl)),
-        "renewTime": _micro(lease.renewed_at),
-    }
-    if lease.owner is not None:
-        spec["holderIdentity"] = lease.owner
-        spec["acquireTime"] = _micro(lease.since or (acquired if acquired is not None
-                                                     else lease.renewed_at))
-    annotations = {ANN_WRITE_ID: lease.write_id, ANN_TTL: repr(lease.ttl)}
-    if lease.since:
-        annotations[ANN_SINCE] = repr(lease.since)
-    if lease.incarnation:
-        annotations[ANN_INCARNATION] = lease.incarnation
-    if lease.renewal != "shard":
-        annotations[ANN_RENEWAL] = lease.renewal
-    if lease.reserved_for is not None:
-        annotations[ANN_RESERVED_FOR] = lease.reserved_for
-    if lease.hold:
-        annotations[ANN_HOLD] = repr(lease.hold)
-    if lease.format != 1:
-        annotations[ANN_FORMAT] = str(lease.format)
-    meta: dict[str, Any] = {
-        "name": name or lease_name(lease.cluster, lease.shard),
-        "namespace": namespace,
-        "labels": {LABEL_CLUSTER: lease.cluster, LABEL_SHARD: str(lease.shard),
-                   LABEL_KIND: "shard"},
-        "annotations": annotations,
-    }
-    if version is not None:
-        meta["resourceVersion"] = version
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
-            "spec": spec}
-
-
-def _size(obj: dict[str, Any]) -> int:
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return len(json.dumps({"metadata": meta, "spec": obj.get("spec")}))
-
-
-def _recovered_generation(obj: dict[str, Any]) -> int | None:
-    """`spec.leaseTransitions` of a Lease that is not a valid record, if usable."""
-    spec = obj.get("spec")
-    value = spec.get("leaseTransitions") if isinstance(spec, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def _format(ann: dict[str, Any]) -> int:
-    """The record format an object's annotations give (absent: 1); an
-    annotation that is not a decimal number is a ValueError."""
-    value = ann.get(ANN_FORMAT)
-    if value is None:
-        return 1
-    if not isinstance(value, str) or not value.isascii() or not value.isdigit() \
-            or len(value) > 19 or str(int(value)) != value:
-        raise ValueError(f"its format annotation {ANN_FORMAT} is {value!r}, not a format number")
-    return int(value)
-
-
-def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
-                    version_prefix: str = "") -> Stored[Lease]:
-    """Validate a Lease object stored as `cluster`'s shard `shard`; never raises.
-
-    The object's name is where it is stored; its labels, spec and annotations
-    are its content, checked like any record read from a shared store. A
-    corrupt one still gives its `leaseTransitions` as the recovered generation,
-    and so does one whose format annotation is above `FORMAT`, which is not
-    read at all (`newer_format`).
-    """
-    meta = obj.get("metadata") or {}
-    version = version_prefix + str(meta.get("resourceVersion", ""))
-    name = meta.get("name")
-    try:
-        size = _size(obj)
-        if size > OBJECT_LIMIT:
-            raise ValueError(f"the object is {size} bytes, more than the {OBJECT_LIMIT} allowed")
-        labels = meta.get("labels") or {}
-        ann = meta.get("annotations") or {}
-        spec = obj.get("spec") or {}
-        if (format := _format(ann)) > FORMAT:
-            return Stored(version, None,
-                          f"lease object {name!r} is format {format}, newer than the format "
-                          f"{FORMAT} this version knows: not read (written by a newer "
-                          "shardlease?)", _recovered_generation(obj), format)
-        if labels.get(LABEL_CLUSTER) != cluster:
-            raise ValueError(f"its cluster label is {labels.get(LABEL_CLUSTER)!r}, "
-                             f"not {cluster!r}")
-        if labels.get(LABEL_SHARD) != str(shard):
-            raise ValueError(f"its shard label is {labels.get(LABEL_SHARD)!r}, "
-                             f"but it is stored as shard {shard}")
-        ttl = float(ann.get(ANN_TTL) or spec.get("leaseDurationSeconds") or 0)
-        lease = Lease.model_validate({
-            "cluster": cluster,
-            "shard": shard,
-            "owner": spec.get("holderIdentity") or None,
-            "generation": spec.get("leaseTransitions"),
-            "incarnation": ann.get(ANN_INCARNATION),
-            "write_id": ann.get(ANN_WRITE_ID),
-            "renewed_at": _epoch(spec.get("renewTime")),
-            "since": _informational_float(ann.get(ANN_SINCE)),
-            "ttl": max(ttl, float(spec.get("leaseDurationSeconds") or 0)),
-            "renewal": ann.get(ANN_RENEWAL) or "shard",
-            "reserved_for": ann.get(ANN_RESERVED_FOR) or None,
-            "hold": float(ann.get(ANN_HOLD) or 0),
-            "format": format,
-        })
-        return Stored(version, lease)
-    except ValidationError as e:
-        first = e.errors()[0]
-        msg = (f"{e.error_count()} problem(s); first: "
-               f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
-        return Stored(version, None, f"invalid lease object {name!r}: {msg}",
-                      _recovered_generation(obj))
-    except (ValueError, TypeError, AttributeError) as e:
-        return Stored(version, None, f"invalid lease object {name!r}: {e}",
-                      _recovered_generation(obj))
-
-
-@dataclass
-class _Entry:
-    """One Lease object of a cluster as listed, decoded once per resourceVersion."""
-
-    version: str
-    kind: str  # "shard", "heartbeat", or "" (neither: not ours to read)
-    #: shard Leases: "current" (its name now), "legacy" (its old name), or ""
-    #: (labelled for the cluster but not named like one of its shards: ignored).
-    slot: str = ""
-    shard: int = -1
-    stored: Stored[Lease] | None = None
-    #: heartbeats: the node (None: no node annotation, ignored) and whether the
-    #: object has the node's current name (it wins over an old-named one).
-    node: str | None = None
-    current_name: bool = False
-    #: epochs: the epoch id (None: not a valid epoch object, ignored), and
-    #: whether its labels say it is ended (a hint, see `EpochListing`).
-    epoch: str | None = None
-    ended: bool = False
-
-
-def _decode(obj: dict[str, Any], cluster: str, namespace: str,
-            known: dict[str, _Entry] | None = None) -> tuple[str, _Entry]:
-    """(name, entry) of a Lease object listed or watched for `cluster`; the
-    entry `known` has under that name is reused when the version is the same
-    (an object's resourceVersion changes with every write to it)."""
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    version = str(meta.get("resourceVersion", ""))
-    if known is not None and (seen := known.get(name)) is not None and seen.version == version:
-        return name, seen
-    labels = meta.get("labels") or {}
-    kind = labels.get(LABEL_KIND)
-    if kind == "heartbeat":
-        node = (meta.get("annotations") or {}).get(ANN_NODE)
-        if not isinstance(node, str) or not node:
-            return name, _Entry(version, "heartbeat")
-        return name, _Entry(version, "heartbeat", node=node,
-                            current_name=name == node_object_name(cluster, node))
-    if kind == "epoch":
-        ann = meta.get("annotations") or {}
-        node, epoch = ann.get(ANN_NODE), ann.get(ANN_EPOCH)
-        if not isinstance(node, str) or not isinstance(epoch, str) or not node or not epoch \
-                or name != epoch_object_name(cluster, node, epoch):
-            return name, _Entry(version, "epoch")  # not where that epoch is stored
-        return name, _Entry(version, "epoch", node=node, epoch=epoch,
-                            ended=labels.get(LABEL_ENDED) == "true")
-    if kind != "shard":
-        return name, _Entry(version, "")
-    # The name says where a record is stored (its labels are content, checked
-    # by object_to_lease); the shard label only helps find a hashed name.
-    label = str(labels.get(LABEL_SHARD, ""))
-    hint = int(label) if label.isascii() and label.isdigit() else None
-    if (shard := _shard_named(name, f"shardlease.{cluster}.shard.")) is not None \
-            and name == lease_name(cluster, shard):
-        return name, _Entry(version, "shard", "current", shard,
-                            object_to_lease(obj, cluster, shard))
-    if hint is not None and name == lease_name(cluster, hint):
-        return name, _Entry(version, "shard", "current", hint,
-                            object_to_lease(obj, cluster, hint))
-    if (shard := _shard_named(name, f"shardlease-{cluster}-")) is not None:
-        return name, _Entry(version, "shard", "legacy", shard,
-                            object_to_lease(obj, cluster, shard, _LEGACY))
-    logger.warning("Lease %s/%s carries the labels of cluster %s but is not named like one of "
-                   "its shards; ignored", namespace, name, cluster)
-    return name, _Entry(version, "shard")
-
-
-def _heartbeats_of(cluster: str, entries: Iterable[_Entry]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for entry in entries:
-        if entry.kind != "heartbeat" or entry.node is None:
-            continue
-        # A node's heartbeat under its old name (an earlier version, see the
-        # module doc) must not hide the current one, whatever the order.
-        if entry.node in out and not entry.current_name:
-            continue
-        out[entry.node] = entry.version
-    return out
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Done callback: a failure nobody waited for is not logged as unretrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
-class _Expired(Exception):
-    """The server no longer has the history a watch asked for (410 Gone)."""
-
-
-@dataclass
-class _View:
-    """The watch-fed cache of one cluster's Leases (see the module doc)."""
-
-    cluster: str
-    #: The last resourceVersion the cache is complete up to (a LIST's, then
-    #: each event's and bookmark's): the next watch starts there.
-    version: str
-    entries: dict[str, _Entry]
-    #: monotonic time of the last sign of life (watch answered, event, bookmark).
-    sign: float
-    #: Why the cache is no longer in sync (410, a watch that gave up), or None.
-    broken: str | None = None
-    #: name -> (the version our write made, None for a deletion; monotonic time
-    #: its answer arrived): our writes whose watch event has not come yet.
-    pending: dict[str, tuple[str | None, float]] = dataclasses.field(default_factory=dict)
-    task: asyncio.Task[None] | None = None
-    #: Watch events applied and skipped, watches opened (for tests and figures).
-    events: int = 0
-    bookmarks: int = 0
-
-    def stale(self, now: float, stale_after: float) -> str | None:
-        """Why this cache may not answer a read now, or None if it may."""
-        if self.broken is not None:
-            return self.broken
-        if self.task is None or self.task.done():
-            return "its watch is not running"
-        if now - self.sign > stale_after:
-            return (f"no event, bookmark or watch answer for {now - self.sign:.1f}s "
-                    f"(more than {stale_after:g}s)")
-        if self.pending:
-            name, (_, when) = min(self.pending.items(), key=lambda item: item[1][1])
-            if now - when > ECHO_LIMIT:
-                return (f"our write of {name} did not come back on the watch within "
-                        f"{ECHO_LIMIT:g}s")
-        return None
-
-    def apply(self, kind: str, obj: dict[str, Any], namespace: str) -> _Entry | None:
-        """One watch event (ADDED, MODIFIED or DELETED): the entry it shows
-        (for a deletion, the object as it was), None if it was skipped."""
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        version = str(meta.get("resourceVersion", ""))
-        if (mine := self.pending.get(name)) is not None:
-            if (mine[0] is None) != (kind == "DELETED") or (mine[0] is not None
-                                                           and mine[0] != version):
-                return None  # from before our write (events of one object come in order)
-            del self.pending[name]
-        if kind == "DELETED":
-            gone = self.entries.pop(name, None)
-            return gone if gone is not None else _decode(obj, self.cluster, namespace)[1]
-        name, entry = _decode(obj, self.cluster, namespace, self.entries)
-        self.entries[name] = entry
-        return entry
-
-    def wrote(self, name: str, obj: dict[str, Any] | None, namespace: str, now: float) -> None:
-        """A write of ours to `name` was answered: `obj` is the object it
-        returned (None: we deleted it)."""
-        if obj is None:
-            self.entries.pop(name, None)
-            self.pending[name] = (None, now)
-            return
-        known = self.entries.get(str((obj.get("metadata") or {}).get("name", "")))
-        name, entry = _decode(obj, self.cluster, namespace, self.entries)
-        self.entries[name] = entry
-        if known is None or known.version != entry.version:  # (a no-op write has no event)
-            self.pending[name] = (entry.version, now)
 
 
 class KubernetesStore(LeaseStore):
