@@ -1,63 +1,19 @@
-"""Leases and heartbeats as objects in S3 (or an S3-compatible store).
-
-Layout under `s3://bucket/prefix`::
-
-    <prefix>/<cluster>/leases/<shard>        one JSON lease per shard
-    <prefix>/<cluster>/heartbeats/<node>     one JSON heartbeat per node
-    <prefix>/<cluster>/epochs/<node>@<epoch> one JSON epoch record per node
-                                             incarnation (node-mode renewal)
-    <prefix>/<cluster>/epochs/moved          the move marker: random bytes,
-                                             rewritten after every lease move
-    <prefix>/.shardlease-probe/<random>      written and removed by `check()`
-
-Versions are ETags without their quotes. Every lease write is conditional:
-`If-None-Match: *` to create, `If-Match: "<etag>"` to update, so a node that
-lost a race gets `Conflict` and never overwrites. S3 refuses a conditional
-write in two ways, and they mean different things:
-
-- 412 PreconditionFailed: the condition is false (the object exists, or its
-  ETag moved). The race is lost: `Conflict`.
-- 409 ConditionalRequestConflict: another write to the key was in flight. The
-  condition may still hold, so the write is retried a few times after a short
-  jittered pause, as long as a re-read shows the object still at the expected
-  version (or still missing, for a create); otherwise `Conflict`.
-
-An S3-compatible server that ignores the conditions would let two nodes own a
-shard, so `check()` probes them at start and refuses such a store.
-
-Request economy: `list_leases` makes one listing (one request per page of
-1000 keys) and GETs only the leases whose ETag differs from what this store
-object last read or wrote; `list_heartbeats` is one listing and no GET, since
-liveness is judged from ETags changing.
-
-In a node-mode steady state no lease record changes, yet the lease listing
-is most of the requests (a page per 1,000 shards, every round). So a lease
-write that readers must learn of (a claim, a free, a conversion: anything but
-a shard-mode renewal) is followed by a blind PUT of random bytes to the move
-marker, and `list_leases` answers from its last listing while the marker's
-ETag has not moved and nothing in that listing changes by itself (see
-`list_leases` for the rules, and why a stale answer is safe). The node-mode
-loop lists `epochs/` every round anyway: the marker lives there, so its ETag
-usually costs no request of its own.
-"""
+"""The S3 store itself (`S3Store`): the interface's reads and
+compare-and-swaps, the listing, and the probe of conditional writes."""
 
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextlib
 import json
 import logging
 import os
 import random
-import re
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from aiobotocore.session import get_session  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
 from botocore.exceptions import (  # type: ignore[import-untyped]
     BotoCoreError,
@@ -84,99 +40,47 @@ from shardlease.records import (
     stored_lease,
 )
 from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.s3.cache import (
+    _NO_MARKER,
+    FULL_LIST_EVERY,
+    MARK_RETRY_FIRST,
+    MARK_RETRY_MAX,
+    MOVED,
+    QUIET_LISTINGS,
+    _Moves,
+)
+from shardlease.stores.s3.keys import (
+    _ENDED,
+    _segment,
+    _shard_number,
+    clean_etag,
+)
+from shardlease.stores.s3.transport import (
+    _KINDS,
+    _NOT_S3,
+    _SAFE_STORES,
+    _all,
+    _mark_not_s3,
+    _S3Failure,
+    _session,
+    _total_size,
+    read_at_most,
+)
+from shardlease.stores.s3.url import (
+    _BUCKET,
+    _FALSE,
+    _QUERY_KEYS,
+    _TRUE,
+    URL_FORM,
+    _clean_endpoint,
+    _clean_prefix,
+    _public_url,
+    _redacted,
+)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shardlease.stores.s3")
 
 T = TypeVar("T")
-
-URL_FORM = ("s3://BUCKET[/PREFIX][?endpoint=http://HOST:PORT&region=REGION"
-            "&path_style=true|false]")
-_QUERY_KEYS = ("endpoint", "region", "path_style")
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
-_USERINFO = re.compile(r"//[^/?#@\s]*@")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-#: Where S3 request names land in `LeaseStore.requests`.
-_KINDS = {
-    "ListObjectsV2": "list",
-    "GetObject": "get",
-    "HeadObject": "get",
-    "PutObject": "put",
-    "DeleteObject": "delete",
-}
-
-#: The move marker's name, in the epochs prefix: every version's
-#: `list_epochs` skips a name without "@", and a node-mode node lists that
-#: prefix every round, so the marker's ETag usually comes with no request of
-#: its own (a heartbeat-prefix name would read as a node to older versions).
-MOVED = "moved"
-#: Every FULL_LIST_EVERY-th `list_leases` of a cluster lists, whatever the
-#: marker says: the safety net for what no marker announces (a hand edit or
-#: deletion, a writer that died between its write and its mark, a node of a
-#: version without marks in node mode). A listing is a page per 1,000
-#: shards: 5 pages at 4,096 shards cost 0.6 requests a round, 9 at 8,192
-#: (the most a cluster may have) 1.1; a missed move is seen within 8 rounds.
-FULL_LIST_EVERY = 8
-#: A heartbeat seen at one ETag in this many listings in a row is nobody's
-#: beat any more (a crashed or stopped peer's leftover); one that changed
-#: within them may be a peer of a version that writes no marks.
-QUIET_LISTINGS = 3
-#: Pauses between attempts at a marker PUT that failed (seconds, doubling).
-MARK_RETRY_FIRST, MARK_RETRY_MAX = 0.2, 5.0
-#: The marker's ETag when there is no marker object (ETags are never empty).
-_NO_MARKER = ""
-
-_SAFE_STORES = ("AWS S3, a MinIO release with conditional PUTs, Ceph RGW, "
-                "Cloudflare R2, Google Cloud Storage's XML API, ...")
-
-
-class _S3Failure(StoreError):
-    """A request S3 answered with an error (or that never got an answer)."""
-
-    def __init__(self, message: str, code: str = "", status: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-@dataclass
-class _Moves:
-    """What one store object knows of one cluster's moves (`list_leases`)."""
-
-    #: The answer of the last full listing, and what it depended on: the
-    #: marker ETag read before it (None: not read), `local` when it started.
-    view: dict[int, Stored[Lease]] | None = None
-    view_marker: str | None = None
-    view_local: int = -1
-    #: The view holds a lease that changes without a mark (kept by shard
-    #: renewal, or unreadable): it is listed every time.
-    view_moving: bool = True
-    #: The view found a change since the listing before: listed again.
-    view_changed: bool = True
-    #: Answers from the view since that listing.
-    served: int = 0
-    #: Bumped when a lease write of this object starts and when it ends (and
-    #: by `get_lease`): a view listed across one of them is not served.
-    local: int = 0
-    #: `_ticks` when the last `list_leases` returned.
-    returned: int = -1
-    #: The last epoch listing: `_ticks` when it started, and the marker ETag
-    #: it found (None until it ended, or if it failed).
-    epochs_started: int = -1
-    epochs_marker: asyncio.Future[str | None] | None = None
-    #: Heartbeat ETags by node, with the listings in a row that showed each;
-    #: `quiet` while the last heartbeat listing succeeded and showed every
-    #: one QUIET_LISTINGS times unchanged.
-    beats: dict[str, tuple[str, int]] = field(default_factory=dict)
-    quiet: bool = False
-    #: A mark to PUT, and the task putting marks.
-    dirty: bool = False
-    flusher: asyncio.Task[None] | None = None
-
-    def marking(self) -> bool:
-        return self.dirty or (self.flusher is not None and not self.flusher.done())
-
 
 class S3Store(LeaseStore):
     """Leases in an S3 bucket, written with conditional PUTs.
@@ -1010,162 +914,3 @@ class S3Store(LeaseStore):
                     await self._call("delete_object", target, Key=target)
                 except StoreError as e:
                     log.warning("could not remove the probe object %s: %s", self._url(target), e)
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-#: botocore's data loader (service models, endpoint rules), shared by the
-#: sessions of every store: loading them is most of the cost of a new client.
-_loader: Any = None
-
-
-def _session() -> Any:
-    """A new aiobotocore session (its own credentials), with the shared loader."""
-    global _loader
-    session = get_session()
-    if _loader is None:
-        _loader = session.get_component("data_loader")
-    else:
-        session.register_component("data_loader", _loader)
-    return session
-
-
-#: A response header set on a 200 whose body is not S3's XML (see `_mark_not_s3`).
-_NOT_S3 = "x-shardlease-not-s3"
-
-
-def _mark_not_s3(response_dict: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    """Note a 200 answer whose body is not XML before botocore rewrites its status.
-
-    botocore reads a 200 with an unparsable body as an S3 error embedded in a
-    success (CopyObject does that) and turns it into a 500, so an endpoint
-    that is not S3 at all (a web page, a JSON API) would be reported as
-    "HTTP 500" although it answered 200. The note travels in the response's
-    headers, which the error keeps."""
-    try:
-        _note_not_s3(response_dict)
-    finally:
-        _handle_200_error(response_dict=response_dict, **kwargs)
-
-
-def _note_not_s3(response_dict: dict[str, Any] | None) -> None:
-    if not response_dict or response_dict.get("status_code") != 200:
-        return
-    body = response_dict.get("body")
-    if not isinstance(body, bytes | bytearray) or not body:
-        return  # a streamed object body (GetObject), or none (PutObject)
-    head = bytes(body[:512]).lstrip().lower()
-    if head.startswith(b"<") and b"<html" not in head and b"<!doctype html" not in head:
-        return  # XML: S3's own (an error embedded in a 200 stays botocore's business)
-    headers = response_dict.get("headers")
-    if isinstance(headers, collections.abc.MutableMapping):
-        kind = str(headers.get("content-type") or "no content type")
-        preview = bytes(body[:60]).decode("utf-8", "replace")
-        headers[_NOT_S3] = f"a body of {kind}: {preview!r}"
-        # An HTML page parses as XML: without this it would read as "no objects".
-        response_dict["status_code"] = 500
-
-
-def clean_etag(raw: str) -> str:
-    """An ETag without quotes or a weak-validator prefix (shared with the example app)."""
-    return raw.strip().removeprefix("W/").strip('"')
-
-
-def _shard_number(name: str) -> int | None:
-    """The shard of a key's last part: a canonical decimal number, else None."""
-    if not name.isascii() or not name.isdigit() or str(int(name)) != name:
-        return None
-    return int(name)
-
-
-#: The suffix of the empty object that marks an epoch record ended (epoch
-#: ids are lower-case letters and digits: no record key ends so).
-_ENDED = ".ended"
-
-
-def _segment(kind: str, name: str) -> str:
-    if not name or "/" in name or name in (".", ".."):
-        raise ConfigError(f"{kind} name {name!r} cannot be part of an S3 key "
-                          "(empty, '.', '..' or containing '/')")
-    return name
-
-
-def _clean_prefix(prefix: str) -> str:
-    cleaned = prefix.strip("/")
-    if cleaned and any(part in ("", ".", "..") for part in cleaned.split("/")):
-        raise ConfigError(f"S3 prefix {prefix!r} has an empty, '.' or '..' part: use {URL_FORM}")
-    return cleaned
-
-
-def _clean_endpoint(endpoint: str) -> str:
-    try:
-        parts = urlsplit(endpoint)
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as e:
-        raise ConfigError(f"invalid S3 endpoint {_redacted(endpoint)!r} ({e}): "
-                          f"use {URL_FORM}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"S3 endpoint {_redacted(endpoint)!r} must look like "
-                          f"http(s)://HOST[:PORT]: use {URL_FORM}")
-    if parts.username or parts.password:
-        raise ConfigError("put no credentials in the S3 endpoint: they come from the AWS "
-                          "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
-    return endpoint.rstrip("/")
-
-
-def _redacted(url: str) -> str:
-    """`url` with the user info of it (and of any URL inside it) replaced by `***`."""
-    return _USERINFO.sub("//***@", url)
-
-
-def _public_url(url: str) -> str:
-    """The URL without user info, query or fragment (nothing secret)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.hostname or ""
-        if parts.port is not None:
-            netloc = f"{netloc}:{parts.port}"
-    except ValueError:
-        return "(unparsable endpoint)"
-    if ":" in (parts.hostname or "") and not netloc.startswith("["):
-        netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _total_size(content_range: str | None, content_length: int | None, read: int) -> int:
-    """The object's size: from `bytes 0-4096/10000` when S3 honoured the Range,
-    else the length of the whole body."""
-    if content_range and "/" in content_range:
-        total = content_range.rsplit("/", 1)[1].strip()
-        if total.isdigit():
-            return int(total)
-    if content_length is not None:
-        return max(int(content_length), read)
-    return read
-
-
-async def read_at_most(body: Any, limit: int) -> bytes:
-    """At most `limit` bytes of a streaming body: records are bounded before parsing."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await body.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run the calls concurrently; on the first failure cancel the rest and raise it."""
-    tasks: list[asyncio.Task[T]] = []
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(call) for call in calls]
-    except BaseExceptionGroup as failed:
-        first = failed.exceptions[0]
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
-    return [task.result() for task in tasks]

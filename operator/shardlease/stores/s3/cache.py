@@ -1,0 +1,71 @@
+"""The S3 store's listing cache: the move marker and what a listing may skip
+(see the package's doc)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from shardlease.records import (
+    Lease,
+    Stored,
+)
+
+#: The move marker's name, in the epochs prefix: every version's
+#: `list_epochs` skips a name without "@", and a node-mode node lists that
+#: prefix every round, so the marker's ETag usually comes with no request of
+#: its own (a heartbeat-prefix name would read as a node to older versions).
+MOVED = "moved"
+#: Every FULL_LIST_EVERY-th `list_leases` of a cluster lists, whatever the
+#: marker says: the safety net for what no marker announces (a hand edit or
+#: deletion, a writer that died between its write and its mark, a node of a
+#: version without marks in node mode). A listing is a page per 1,000
+#: shards: 5 pages at 4,096 shards cost 0.6 requests a round, 9 at 8,192
+#: (the most a cluster may have) 1.1; a missed move is seen within 8 rounds.
+FULL_LIST_EVERY = 8
+#: A heartbeat seen at one ETag in this many listings in a row is nobody's
+#: beat any more (a crashed or stopped peer's leftover); one that changed
+#: within them may be a peer of a version that writes no marks.
+QUIET_LISTINGS = 3
+#: Pauses between attempts at a marker PUT that failed (seconds, doubling).
+MARK_RETRY_FIRST, MARK_RETRY_MAX = 0.2, 5.0
+#: The marker's ETag when there is no marker object (ETags are never empty).
+_NO_MARKER = ""
+
+
+@dataclass
+class _Moves:
+    """What one store object knows of one cluster's moves (`list_leases`)."""
+
+    #: The answer of the last full listing, and what it depended on: the
+    #: marker ETag read before it (None: not read), `local` when it started.
+    view: dict[int, Stored[Lease]] | None = None
+    view_marker: str | None = None
+    view_local: int = -1
+    #: The view holds a lease that changes without a mark (kept by shard
+    #: renewal, or unreadable): it is listed every time.
+    view_moving: bool = True
+    #: The view found a change since the listing before: listed again.
+    view_changed: bool = True
+    #: Answers from the view since that listing.
+    served: int = 0
+    #: Bumped when a lease write of this object starts and when it ends (and
+    #: by `get_lease`): a view listed across one of them is not served.
+    local: int = 0
+    #: `_ticks` when the last `list_leases` returned.
+    returned: int = -1
+    #: The last epoch listing: `_ticks` when it started, and the marker ETag
+    #: it found (None until it ended, or if it failed).
+    epochs_started: int = -1
+    epochs_marker: asyncio.Future[str | None] | None = None
+    #: Heartbeat ETags by node, with the listings in a row that showed each;
+    #: `quiet` while the last heartbeat listing succeeded and showed every
+    #: one QUIET_LISTINGS times unchanged.
+    beats: dict[str, tuple[str, int]] = field(default_factory=dict)
+    quiet: bool = False
+    #: A mark to PUT, and the task putting marks.
+    dirty: bool = False
+    flusher: asyncio.Task[None] | None = None
+
+    def marking(self) -> bool:
+        return self.dirty or (self.flusher is not None and not self.flusher.done())
