@@ -417,3 +417,44 @@ async def test_two_replicas_one_leader_and_the_other_takes_over(
         with contextlib.suppress(client.ApiException):
             await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
                 webhook)
+
+
+async def test_an_account_name_the_isolation_policies_cannot_name_is_reported(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    # A ServiceAccount name may be 253 characters, a label value only 63: the
+    # ShardSet cannot carry the account label the isolation policies match,
+    # so they cannot protect its leases. Before, only a line in the
+    # operator's log said so.
+    api = api_client
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    await apply_crd(api)
+    long_name = "a" * 64 + "-agents"
+    body = statefulset("db", namespace, {"shardlease.io/shards": "4"})
+    body["spec"]["template"]["spec"]["serviceAccountName"] = long_name
+    await apps.create_namespaced_stateful_set(namespace, body)
+    proc, webhook = await start_operator(api, namespace, kubeconfig, tmp_path)
+    try:
+        async def unlabelled() -> dict[str, Any] | None:
+            c = (await conditions(api, namespace, "db")).get("AccountLabelled")
+            return c if c and c["status"] == "False" else None
+        c = await eventually(unlabelled, "AccountLabelled=False for a 71-character account")
+        assert c["reason"] == "AccountNameTooLong" and long_name in c["message"]
+        events = await core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=db")
+        assert "AccountNameTooLong" in {ev.reason for ev in events.items}
+
+        # A name that fits: the label is set and the condition says so.
+        await apps.patch_namespaced_stateful_set("db", namespace, {"spec": {"template": {
+            "spec": {"serviceAccountName": "db-agents"}}}})
+
+        async def labelled() -> dict[str, Any] | None:
+            c = (await conditions(api, namespace, "db")).get("AccountLabelled")
+            return c if c and c["status"] == "True" else None
+        await eventually(labelled, "AccountLabelled=True once the name fits")
+        shardset = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "shardlease.io", "v1alpha1", namespace, "shardsets", "db")
+        assert shardset["metadata"]["labels"]["shardlease.io/service-account"] == "db-agents"
+    finally:
+        proc.stop()
+        await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
+            webhook)

@@ -526,6 +526,7 @@ class Operator:
         desired = (spec.to_body(), account, allowed, meta.get("uid"))
         if self.applied.get(key) != desired:
             await self._apply_shardset(sts, spec.to_body(), account)
+            await self._report_account_label(sts, account)
             if allowed:
                 await self._apply_rolebinding(sts, account)
                 await self._set_condition(
@@ -547,6 +548,30 @@ class Operator:
                           message=f"ShardSet {name}: {spec.shards} shard(s) on {spec.store}")
         if inject_wanted(sts):
             await self._check_agents(sts)
+
+    async def _report_account_label(self, sts: dict[str, Any], account: str) -> None:
+        """Say on the ShardSet (condition `AccountLabelled`) whether it names
+        its agents' ServiceAccount: the isolation policies match that label,
+        and a name longer than a label value (63 characters; an account's may
+        be 253) leaves the ShardSet's leases unprotected by them."""
+        meta = sts["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        if SERVICE_ACCOUNT in shardset_labels(account):
+            await self._set_condition(
+                ns, name, "True", "AccountLabelled",
+                f"the ShardSet names its agents' ServiceAccount {account} (label "
+                f"{SERVICE_ACCOUNT}), which the isolation policies match",
+                type_="AccountLabelled")
+            return
+        msg = (f"the pods' ServiceAccount name {account!r} ({len(account)} characters) does "
+               f"not fit a label value (at most 63 characters): the ShardSet cannot carry "
+               f"the {SERVICE_ACCOUNT} label, so the isolation policies cannot protect its "
+               "leases from other workloads of the namespace. Give the StatefulSet a "
+               "ServiceAccount with a shorter name")
+        logger.warning("ShardSet %s/%s: %s", ns, name, msg)
+        kopf.warn(kopf.Body(cast(kopf.RawBody, sts)), reason="AccountNameTooLong", message=msg)
+        await self._set_condition(ns, name, "False", "AccountNameTooLong", msg,
+                                  type_="AccountLabelled")
 
     async def _check_agents(self, sts: dict[str, Any]) -> None:
         """Report Ready pods that run without the agent (created while the
@@ -637,10 +662,6 @@ class Operator:
         meta = sts["metadata"]
         ns, name = meta["namespace"], meta["name"]
         labels = shardset_labels(account)
-        if SERVICE_ACCOUNT not in labels:
-            logger.warning("ShardSet %s/%s: the ServiceAccount name %r does not fit a label "
-                           "value (63 characters): the isolation policy cannot name it", ns,
-                           name, account)
         for _ in range(5):
             status, current = await self._call("GET", self._shardset_path(ns, name))
             if status == 404:
