@@ -134,8 +134,15 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         refs = shardset["metadata"]["ownerReferences"]
         assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [
             ("StatefulSet", "db", sts.metadata.uid)]
-        rb = await client.RbacAuthorizationV1Api(api).read_namespaced_role_binding(
-            "shardlease-agent-db", namespace)
+        # The RoleBinding comes in the operator's next request after the
+        # ShardSet (two objects, not one write): waited for, not assumed.
+        async def role_binding() -> Any:
+            try:
+                return await client.RbacAuthorizationV1Api(api).read_namespaced_role_binding(
+                    "shardlease-agent-db", namespace)
+            except client.ApiException:
+                return None
+        rb = await eventually(role_binding, "the operator to bind the agent's role")
         assert rb.role_ref.name == "shardlease-agent"
         assert [(s.kind, s.name) for s in rb.subjects] == [("ServiceAccount", "db-app")]
 

@@ -526,8 +526,8 @@ class Operator:
         desired = (spec.to_body(), account, allowed, meta.get("uid"))
         if self.applied.get(key) != desired:
             await self._apply_shardset(sts, spec.to_body(), account)
-            await self._report_account_label(sts, account)
             if allowed:
+                # (First: the agents wait on it; the conditions are for people.)
                 await self._apply_rolebinding(sts, account)
                 await self._set_condition(
                     ns, name, "True", "AnnotationsValid",
@@ -542,6 +542,7 @@ class Operator:
                 kopf.warn(kopf.Body(cast(kopf.RawBody, sts)), reason="DefaultServiceAccount",
                           message=msg)
                 await self._set_condition(ns, name, "False", "DefaultServiceAccount", msg)
+            await self._report_account_label(sts, account)
             self.applied[key] = desired
             if allowed:
                 kopf.info(kopf.Body(cast(kopf.RawBody, sts)), reason="ShardSetApplied",
