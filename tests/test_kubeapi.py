@@ -123,9 +123,8 @@ def test_kubeconfig_files_merge_the_first_to_name_a_thing_wins(
         kubeapi.login()
     got = kubeapi.login(context="a")
     assert got.token == "first" and got.server == "https://one:6443"
-    assert kubeapi.default_namespace(context="b") == "team"
-    assert kubeapi.default_namespace(context="a") == "default"
-    assert kubeapi.default_namespace(context="nope") == "default"
+    assert kubeapi.login(context="b").namespace == "team"
+    assert kubeapi.login(context="a").namespace is None  # (kubectl's "default")
 
 
 def test_a_named_kubeconfig_that_is_missing_is_an_error(tmp_path: Path) -> None:

@@ -305,14 +305,6 @@ def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -
         exec_dir=str(udir), namespace=ctx.namespace)
 
 
-def default_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
-    """The namespace kubectl would use: the context's, else "default"."""
-    try:
-        return login(kubeconfig, context).namespace or "default"
-    except ConfigError:
-        return "default"
-
-
 # -- credentials at the moment of a call ---------------------------------------
 
 async def run_exec(config: ExecConfig, cwd: str | None, source: str) -> ExecStatus:
