@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import math
 import random
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import OutdatedGeneration, RunnerDied
-from shardlease.loop import PlacementLoop, settles, wakes
+from shardlease.loop import PlacementLoop, paced, settles, wakes, woken_due
 from shardlease.options import Options
 from shardlease.records import Lease, decode_heartbeat, stored_lease
 from shardlease.runner import State
@@ -600,13 +601,14 @@ async def test_a_hint_wakes_the_next_round_at_once_and_the_schedule_goes_on_from
     await a.stop()
 
 
-async def hinted_pair(mode: str) -> tuple[Node, Node]:
+async def hinted_pair(mode: str, hinted: bool = True) -> tuple[Node, Node]:
     """Two nodes sharing 4 shards at 12 s, a hinted by each of b's frees (as
-    a store's watch or b's hint channel would)."""
+    a store's watch or b's hint channel would) unless not `hinted`."""
     backend = MemoryBackend()
     a = Node("a", backend, renewal=mode, peers=lambda: {"a", "b"})
     b = Node("b", backend, renewal=mode, peers=lambda: {"a", "b"})
-    b.telemetry.subscribe(lambda ev: a.loop.hint() if isinstance(ev, Release) else None)
+    if hinted:
+        b.telemetry.subscribe(lambda ev: a.loop.hint() if isinstance(ev, Release) else None)
     a.start()
     b.start()
     await asyncio.sleep(12.0)
@@ -630,8 +632,44 @@ async def test_frees_that_come_together_are_claimed_by_one_woken_round(mode: str
 
 
 @virtual
+async def test_a_leave_seen_by_a_watch_does_not_make_the_frees_after_it_wait_a_gap() -> None:
+    # Shard mode on a watching store (Kubernetes): a stopping node deletes
+    # its heartbeat first (the peers' share counts it gone), and the watch
+    # wakes the peers' round at once, while its leases are still held; its
+    # frees come as its closes end. Their round must not wait out the
+    # HINT_GAP the leave's round began (measured on a real API server before
+    # the fix: every freed shard reopened 0.51-0.54 s after its close).
+    from shardlease.loop import HINT_GAP, HINT_SETTLE
+
+    a, b = await hinted_pair("shard", hinted=False)
+    loop = asyncio.get_running_loop()
+    b.store.before["delete_heartbeat"] = lambda cluster, node: loop.call_soon(
+        a.loop._on_change, Change("heartbeat", "deleted", node="b"))
+    freed: list[float] = []
+
+    def on_release(ev: Event) -> None:
+        if isinstance(ev, Release):
+            freed.append(now())
+            a.loop._on_change(Change("lease", "modified", free=True))
+
+    b.telemetry.subscribe(on_release)
+    theirs = b.opened()
+    assert len(theirs) == 2
+    b.host.close_delay = dict.fromkeys(theirs, 0.05)  # the application's close
+    await b.stop()
+    await asyncio.sleep(HINT_GAP * 5.0 * 2)
+    assert a.opened() == {0, 1, 2, 3}
+    claims = [t for t, ev in a.of(Claim) if ev.shard in theirs]
+    assert len(claims) == 2 and len(freed) == 2
+    # The frees' round began HINT_QUIET after the last one (HINT_SETTLE at
+    # most), not HINT_GAP intervals after the leave's round.
+    assert max(claims) <= max(freed) + HINT_SETTLE, (freed, claims)
+    await a.stop()
+
+
+@virtual
 async def test_hints_together_wake_one_round_and_woken_rounds_keep_a_gap() -> None:
-    from shardlease.loop import HINT_GAP
+    from shardlease.loop import HINT_BURST, HINT_GAP
 
     backend = MemoryBackend()
     a = Node("a", backend).start()
@@ -641,15 +679,19 @@ async def test_hints_together_wake_one_round_and_woken_rounds_keep_a_gap() -> No
         a.loop.hint()
     await asyncio.sleep(0.5)
     assert len(round_starts(a, hinted=True)) == 1
-    # A hint every 0.1 s for 10 s: rounds at most every HINT_GAP intervals.
+    # A hint every 0.1 s for 10 s: woken rounds on average at most every
+    # HINT_GAP intervals, and never HINT_BURST + 1 of them within one gap.
     gap = HINT_GAP * 5.0
     while now() < 18:
         a.loop.hint()
         await asyncio.sleep(0.1)
     starts = [t for t in round_starts(a, hinted=True) if 8 <= t <= 18]
-    assert len(starts) <= 10 / gap + 1
-    assert all(b - a_ >= gap - 1e-6 for a_, b in itertools.pairwise(starts)), starts
-    assert len([t for t in round_starts(a) if 8 <= t <= 18]) <= 10 / gap + 10 / 5 + 1
+    assert len(starts) <= 10 / gap + HINT_BURST
+    assert all(starts[i + HINT_BURST] - starts[i] >= gap - 1e-6
+               for i in range(len(starts) - HINT_BURST)), starts
+    # Steady hints: one woken round a gap, once the burst is spent.
+    assert all(b - a_ >= gap - 1e-6 for a_, b in itertools.pairwise(starts[HINT_BURST:])), starts
+    assert len([t for t in round_starts(a) if 8 <= t <= 18]) <= 10 / gap + 10 / 5 + HINT_BURST
     await a.stop()
 
 
@@ -696,6 +738,24 @@ async def test_a_shard_freed_by_a_stop_is_claimed_at_once_by_a_hinted_peer(mode:
     assert claims and max(claims) < 13.0, claims
     await stop
     await a.stop()
+
+
+@pytest.mark.parametrize(("credit", "started", "after", "due"), [
+    # The first woken round: the next may follow at once (the burst).
+    (-math.inf, 10.0, 11.0, 10.0),
+    # The second, right after it: the third waits a gap from the first.
+    (11.0, 10.1, 12.0, 11.0),
+    # Rounds a gap apart or more keep one round of burst in hand.
+    (12.0, 13.0, 14.0, 13.0),
+    (11.0, 30.0, 31.0, 30.0),
+    # A round started as soon as it was due spends the credit exactly.
+    (12.0, 11.0, 13.0, 12.0),
+])
+def test_the_pace_of_woken_rounds(credit: float, started: float, after: float,
+                                  due: float) -> None:
+    # gap 1 s, HINT_BURST 2: a leaky bucket of two woken rounds.
+    assert paced(credit, started, 1.0) == after
+    assert woken_due(after, 1.0) == due
 
 
 @pytest.mark.parametrize(("change", "woken"), [

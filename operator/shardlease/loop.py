@@ -36,9 +36,10 @@ Schedules, each its own task, so that nothing slow on one delays another:
   A round also starts early on a hint (`hint()`): a peer freed leases or
   joined, told by a store's watch or by the peer itself (`shardlease.hints`).
   A hint only wakes a round, which judges what it reads as any round does;
-  woken rounds start at least `HINT_GAP` intervals apart, and a burst of
-  hints wakes one round, once `HINT_QUIET` passed without another (at most
-  `HINT_SETTLE` after the first).
+  woken rounds start on average at least `HINT_GAP` intervals apart (two
+  may come back to back: `paced`), and a burst of hints wakes one round,
+  once `HINT_QUIET` passed without another (at most `HINT_SETTLE` after the
+  first).
 
 Budgets. Every store call of a round and every heartbeat gets a budget below
 the interval (`calls.CALL_BUDGET` of it): failures are retried within it after a
@@ -117,6 +118,30 @@ HINT_SETTLE = 0.1
 #: come a few ms apart, so a quiet moment says the burst is over (a debounce,
 #: capped by HINT_SETTLE), and a lone free's round starts this soon after it.
 HINT_QUIET = 0.03
+#: Woken rounds that may start back to back before HINT_GAP paces them. A
+#: leave a watch sees (a stopping node's heartbeat deleted, so that the
+#: peers' share counts it gone) wakes a round while the leaver still holds
+#: its leases; its frees come a moment later, as its closes end, and their
+#: round must not wait out the gap the leave's round began (on a real API
+#: server it did: every freed shard reopened 0.5 s after its close).
+HINT_BURST = 2
+
+
+def paced(credit: float, started: float, gap: float) -> float:
+    """The pace of woken rounds, a leaky bucket (GCRA) of HINT_BURST rounds:
+    `credit` is the time until which woken rounds have used the rate (-inf
+    at first), a woken round began at `started`, and `gap` is HINT_GAP
+    intervals in seconds; the new credit. The next woken round may start
+    at `woken_due(credit, gap)`."""
+    return max(credit, started) + gap
+
+
+def woken_due(credit: float, gap: float) -> float:
+    """The earliest start of the next woken round: HINT_BURST - 1 rounds
+    ahead of the pace. Over any time T at most T / gap + HINT_BURST woken
+    rounds start, and no HINT_BURST + 1 of them within one gap."""
+    return credit - (HINT_BURST - 1) * gap
+
 
 def settles(change: Change) -> bool:
     """Whether the round a change wakes waits HINT_SETTLE for more like it:
@@ -490,7 +515,7 @@ class PlacementLoop:
         if self.mode == "node":
             keepers.append(asyncio.create_task(self._epochs(), name="shardlease-epochs"))
         try:
-            hinted, hinted_at = False, -math.inf
+            hinted, credit = False, -math.inf
             while True:
                 started = self.clock.monotonic()
                 # A hint from now on asks for one more round after this one.
@@ -508,11 +533,12 @@ class PlacementLoop:
                     await self._sleep(delay, runner, keepers, wakeable=True)
                 hinted = self._hinted and not self.stopping
                 if hinted:
-                    # Rate limit: not sooner than HINT_GAP after the last
-                    # hinted round began (a round of its time does not delay
-                    # one: it may have read just before the free).
-                    await self._settle_hints(hinted_at, delay, runner, keepers)
-                    hinted_at = self.clock.monotonic()
+                    # Rate limit: the pace of woken rounds (`paced`; a round
+                    # of its time does not count: it may have read just
+                    # before the free).
+                    await self._settle_hints(credit, delay, runner, keepers)
+                    credit = paced(credit, self.clock.monotonic(),
+                                   HINT_GAP * self.options.interval_s)
                 self._check_alive(runner, keepers)
         except asyncio.CancelledError:
             self._begin_stop()
@@ -542,16 +568,16 @@ class PlacementLoop:
             self.life = Life.STOPPED
             self._done.set()
 
-    async def _settle_hints(self, hinted_at: float, delay: float, runner: asyncio.Task[None],
+    async def _settle_hints(self, credit: float, delay: float, runner: asyncio.Task[None],
                             keepers: list[asyncio.Task[None]]) -> None:
-        """Before a woken round: not sooner than HINT_GAP intervals after the
-        last woken round began (`hinted_at`), and, if its hints were frees,
-        not before HINT_QUIET passed without another hint (at most
-        HINT_SETTLE after the first); `delay` at most."""
+        """Before a woken round: not sooner than the pace of woken rounds
+        allows (`credit`: `woken_due`), and, if its hints were frees, not
+        before HINT_QUIET passed without another hint (at most HINT_SETTLE
+        after the first); `delay` at most."""
         interval = self.options.interval_s
         limit = self.clock.monotonic() + delay
         while True:
-            until = hinted_at + HINT_GAP * interval
+            until = woken_due(credit, HINT_GAP * interval)
             if self._settle:
                 cap = self._first_hint + min(HINT_SETTLE, HINT_GAP * interval)
                 until = max(until, min(cap, self._last_hint + HINT_QUIET))

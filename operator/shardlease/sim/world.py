@@ -670,6 +670,10 @@ class World:
         node.leave_at = self.now()
         self.record(node.label, "leave", value=hold)
         self.host_changed()
+        # As a watching store (Kubernetes) tells the peers of the heartbeat's
+        # deletion: their round wakes while the leaver still holds its leases,
+        # and its frees, after it, wake another.
+        self.send_hints(node, settle=False)
 
         async def stop() -> None:
             await node.loop.stop(hold)
