@@ -42,9 +42,9 @@ usually costs no request of its own.
 
 The package's parts, one job each: `url` (the store URL), `keys` (where each
 record lives), `transport` (the aiobotocore session, its hooks, the errors it
-maps), `cache` (the move marker and what a listing may skip), `probe`
-(the start-up check of conditional writes), `store` (`S3Store`: the
-interface, the listing).
+maps), `cache` (the records by ETag, the move marker and what a listing
+may skip), `probe` (the start-up check of conditional writes), `store`
+(`S3Store`: the interface, the listing).
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""The S3 store's listing cache: the move marker and what a listing may skip
-(see the package's doc)."""
+"""The S3 store's caches: the records by ETag (a listing GETs only the
+leases that moved), and the move marker with what a listing may skip (see
+the package's doc)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from shardlease.records import (
@@ -31,6 +34,44 @@ QUIET_LISTINGS = 3
 MARK_RETRY_FIRST, MARK_RETRY_MAX = 0.2, 5.0
 #: The marker's ETag when there is no marker object (ETags are never empty).
 _NO_MARKER = ""
+
+log = logging.getLogger("shardlease.stores.s3")
+
+
+class _Records:
+    """The lease last read or written at each object key, by its ETag: a
+    listing that shows a key at that ETag needs no GET. An entry is served
+    as the very same object, which is how `list_leases` tells an unchanged
+    lease from a change."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Stored[Lease]] = {}
+        self._reported: set[str] = set()
+
+    def at(self, key: str, etag: str) -> Stored[Lease] | None:
+        """The lease at `key` if it is still at `etag`."""
+        seen = self._by_key.get(key)
+        return seen if seen is not None and seen.version == etag else None
+
+    def remember(self, key: str, stored: Stored[Lease]) -> Stored[Lease]:
+        self._by_key[key] = stored
+        return stored
+
+    def forget(self, key: str) -> None:
+        self._by_key.pop(key, None)
+
+    def keep_listed(self, directory: str, listed: Container[str]) -> None:
+        """Forget the keys under `directory` that a listing of it no longer
+        shows: deleted leases would otherwise be kept for good."""
+        for key in [k for k in self._by_key if k.startswith(directory) and k not in listed]:
+            del self._by_key[key]
+
+    def not_a_lease(self, key: str, url: str) -> None:
+        """Warn of a stray object under leases/, once: it is listed every round."""
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning("ignoring %s: not a lease (the name after leases/ must be "
+                        "a shard number)", url)
 
 
 @dataclass

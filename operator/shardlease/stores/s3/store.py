@@ -47,6 +47,7 @@ from shardlease.stores.s3.cache import (
     MOVED,
     QUIET_LISTINGS,
     _Moves,
+    _Records,
 )
 from shardlease.stores.s3.keys import (
     _ENDED,
@@ -150,9 +151,7 @@ class S3Store(LeaseStore):
         #: Clients replaced by `retried_by_caller()`, closed by `aclose()`.
         self._replaced: list[contextlib.AsyncExitStack] = []
         self._client_lock = asyncio.Lock()
-        #: object key -> the lease last read or written there, by ETag.
-        self._cache: dict[str, Stored[Lease]] = {}
-        self._reported_keys: set[str] = set()
+        self._records = _Records()
         #: cluster -> its moves as this object knows them (see `list_leases`).
         self._moves: dict[str, _Moves] = {}
         #: A counter that orders this object's listings and their returns.
@@ -424,11 +423,9 @@ class S3Store(LeaseStore):
         key = self._lease_key(cluster, shard)
         got = await self._read(key)
         if got is None:
-            self._cache.pop(key, None)
+            self._records.forget(key)
             return None
-        stored = self._decode(*got, cluster, shard)
-        self._cache[key] = stored
-        return stored
+        return self._records.remember(key, self._decode(*got, cluster, shard))
 
     async def _fetch_listed(self, cluster: str, shard: int, etag: str) -> Stored[Lease] | None:
         """A lease seen in a listing. One object this client may not read (a
@@ -544,23 +541,20 @@ class S3Store(LeaseStore):
         for key, (etag, size) in listed.items():
             shard = _shard_number(key[len(directory):])
             if shard is None:
-                if key not in self._reported_keys:
-                    self._reported_keys.add(key)
-                    log.warning("ignoring %s: not a lease (the name after leases/ must be "
-                                "a shard number)", self._url(key))
+                self._records.not_a_lease(key, self._url(key))
                 continue
-            cached = self._cache.get(key)
-            if cached is not None and cached.version == etag:
+            cached = self._records.at(key, etag)
+            if cached is not None:
                 leases[shard] = cached
             elif size == 0:
                 # Judged from the listing alone: no need to fetch it. (An
                 # oversize record is fetched, its first bytes only, for the
                 # generation they may still show.)
-                self._cache[key] = leases[shard] = stored_lease(b"", etag, cluster, shard)
+                leases[shard] = self._records.remember(
+                    key, stored_lease(b"", etag, cluster, shard))
             else:
                 changed.append((shard, etag))
-        for key in [k for k in self._cache if k.startswith(directory) and k not in listed]:
-            del self._cache[key]
+        self._records.keep_listed(directory, listed)
 
         if changed:
             fetched = await _all([self._fetch_listed(cluster, shard, etag)
@@ -598,7 +592,7 @@ class S3Store(LeaseStore):
             moves.local += 1
             if not unmarked:
                 self._mark(lease.cluster, moves)
-        self._cache[key] = Stored(version, lease)
+        self._records.remember(key, Stored(version, lease))
         return version
 
     def _renews_in_place(self, key: str, lease: Lease, expected: str | None) -> bool:
@@ -608,8 +602,8 @@ class S3Store(LeaseStore):
         time. When that record is not known, it is a move."""
         if expected is None or lease.renewal != "shard" or lease.owner is None:
             return False
-        seen = self._cache.get(key)
-        old = seen.record if seen is not None and seen.version == expected else None
+        seen = self._records.at(key, expected)
+        old = seen.record if seen is not None else None
         return (old is not None and old.renewal == "shard"
                 and (old.owner, old.incarnation, old.generation)
                 == (lease.owner, lease.incarnation, lease.generation))
@@ -688,7 +682,7 @@ class S3Store(LeaseStore):
                 await asyncio.sleep(random.uniform(0.5, 1.0) * 0.05 * 2 ** attempt)
                 current = await self._head(key)
                 if current != expected:
-                    self._cache.pop(key, None)
+                    self._records.forget(key)
                     raise Conflict(
                         f"{what} changed while our write was refused as concurrent "
                         f"(expected version {expected}, now {current})") from None
