@@ -96,9 +96,10 @@ typed deserializer is slow for a thousand Leases a round, and a Lease written
 by hand must reach our own validation (reported, not raised) intact.
 
 The package's parts, one job each: `codec` (names, labels, and a record to a
-Lease object and back), `informer` (the watch-fed cache of one cluster and
-when it may answer), `store` (`KubernetesStore`: requests, the listing, the
-watch loop, the interface's reads and compare-and-swaps).
+Lease object and back), `informer` (the watch-fed cache of one cluster: when
+it may answer, the LIST and the watch loop that keep it, our writes' echoes,
+its subscribers), `store` (`KubernetesStore`: requests, an informer a cluster,
+the interface's reads and compare-and-swaps).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from shardlease.errors import StoreError
 from shardlease.records import (
     FORMAT,
     MAX_RECORD_BYTES,
@@ -320,6 +321,12 @@ def _decode(obj: dict[str, Any], cluster: str, namespace: str,
     logger.warning("Lease %s/%s carries the labels of cluster %s but is not named like one of "
                    "its shards; ignored", namespace, name, cluster)
     return name, _Entry(version, "shard")
+
+
+def _status_error(what: str, status: int, payload: dict[str, Any]) -> StoreError:
+    """A refused request as a StoreError, from the API server's Status object."""
+    return StoreError(f"kubernetes store: {what}: {status} {payload.get('reason', '')} "
+                      f"{payload.get('message', '')}".rstrip())
 
 
 def _heartbeats_of(cluster: str, entries: Iterable[_Entry]) -> dict[str, str]:

@@ -1,15 +1,31 @@
-"""The Kubernetes store's watch-fed cache of one cluster's Leases (the
-state an informer keeps): what it holds, when it may answer a read, and how
-a watch event or a write of ours changes it (see the package's doc)."""
+"""The Kubernetes store's informer: one cluster's watch-fed cache of Leases,
+kept up to date (LISTed, watched from there, LISTed again on a 410 or once
+stale), with our own writes' echoes tracked and each change told to its
+subscribers (see the package's doc). The requests themselves are the
+store's: an informer is handed a LIST and a watch to call."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from shardlease.stores.kubernetes.codec import _decode, _Entry
+from shardlease.errors import KubeAPIError, StoreError
+from shardlease.stores.base import Change
+from shardlease.stores.kubernetes.codec import _decode, _Entry, _status_error
+
+if TYPE_CHECKING:
+    import aiohttp
+
+logger = logging.getLogger("shardlease.store.kubernetes")
 
 #: Server-side timeout of one watch request (`timeoutSeconds`), by default.
 WATCH_TIMEOUT = 10.0
@@ -102,3 +118,207 @@ class _View:
         self.entries[name] = entry
         if known is None or known.version != entry.version:  # (a no-op write has no event)
             self.pending[name] = (entry.version, now)
+
+
+#: Every Lease of the cluster the store keeps (one LIST, however many pages),
+#: and the listing's resourceVersion.
+Lister = Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]]
+#: A watch of the same Leases from a resourceVersion, its body still unread.
+Watcher = Callable[[str], AbstractAsyncContextManager["aiohttp.ClientResponse"]]
+
+
+class Informer:
+    """The watch-fed cache of one cluster (see the module doc)."""
+
+    def __init__(self, cluster: str, namespace: str, stale_after: float, *,
+                 list_leases: Lister, watch_leases: Watcher,
+                 loaded: Callable[[str], None]) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.stale_after = stale_after
+        self._list = list_leases
+        self._open = watch_leases
+        #: Told the cluster each time a LIST loads the cache (the store's
+        #: `resyncs`, one list for every cluster, in order).
+        self._loaded = loaded
+        #: The cache: None until the first read, and again once stopped.
+        self.view: _View | None = None
+        #: The (re)LIST in progress, so concurrent reads share one.
+        self._syncing: asyncio.Future[_View] | None = None
+        #: Who is told of each change the watch sees (`subscribe`); `stop`
+        #: ends the watch, not the subscriptions.
+        self._watchers: list[Callable[[Change], None]] = []
+
+    async def stop(self) -> None:
+        tasks: list[asyncio.Future[Any]] = [self.view.task] \
+            if self.view is not None and self.view.task is not None else []
+        if self._syncing is not None:
+            tasks.append(self._syncing)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.view = None
+        self._syncing = None
+
+    async def read(self) -> _View:
+        """The cache, LISTed again first unless in sync and fresh."""
+        view = self.view
+        if view is not None and view.stale(time.monotonic(), self.stale_after) is None:
+            return view
+        syncing = self._syncing
+        if syncing is None or syncing.done():
+            # One LIST for every read that finds the cache unusable meanwhile
+            # (the leases and the heartbeats of a round); it goes on if they
+            # stop waiting, like any request the loop abandons.
+            syncing = asyncio.ensure_future(self._resync())
+            syncing.add_done_callback(_retrieve)
+            self._syncing = syncing
+        return await asyncio.shield(syncing)
+
+    async def _resync(self) -> _View:
+        """LIST the cluster's Leases into a new cache and watch from there."""
+        cluster = self.cluster
+        old = self.view
+        if old is not None:
+            why = old.stale(time.monotonic(), self.stale_after)
+            if why is None:
+                return old  # (a LIST finished just before this one started)
+            logger.warning("kubernetes store: the cache of cluster %s is out of date (%s); "
+                           "listing its leases again", cluster, why)
+            if old.task is not None:
+                old.task.cancel()
+        started = time.monotonic()
+        items, version = await self._list()
+        known = old.entries if old is not None else None
+        entries = dict(_decode(obj, cluster, self.namespace, known) for obj in items)
+        view = _View(cluster, version, entries, time.monotonic())
+        if old is not None:
+            for name, (written, when) in old.pending.items():
+                if when < started:
+                    continue  # answered before the LIST was sent: the LIST shows it or later
+                # Answered while the LIST ran: the LIST may predate it.
+                view.pending[name] = (written, when)
+                if written is None:
+                    entries.pop(name, None)
+                elif name in old.entries:
+                    entries[name] = old.entries[name]
+        self.view = view
+        self._loaded(cluster)
+        view.task = asyncio.create_task(self._watch(view), name=f"watch leases of {cluster}")
+        return view
+
+    def wrote(self, name: str, obj: dict[str, Any] | None, now: float) -> None:
+        """A write of ours to `name` was answered (`obj` None: we deleted it)."""
+        view = self.view
+        # (A deletion's answer does not say whose the object was.)
+        if view is not None and (obj is not None or name in view.entries):
+            view.wrote(name, obj, self.namespace, now)
+
+    async def _watch(self, view: _View) -> None:
+        """Keep `view` up to date: watch after watch from its last version,
+        until the server says that version is gone or the cache is stale."""
+        delay = WATCH_RETRY_FIRST
+        while True:
+            try:
+                await self._watch_once(view)
+                delay = WATCH_RETRY_FIRST
+                continue
+            except _Expired as e:
+                view.broken = f"the server no longer has version {view.version} ({e})"
+                logger.info("kubernetes store: watch of cluster %s: %s", view.cluster,
+                            view.broken)
+                return
+            except Exception as e:  # the connection, the server, a malformed event
+                failure = e
+            if (silent := time.monotonic() - view.sign) > self.stale_after:
+                view.broken = (f"no event, bookmark or watch answer for {silent:.1f}s (more than "
+                               f"{self.stale_after:g}s); the watch: {failure}")
+                logger.warning("kubernetes store: watch of cluster %s: %s", view.cluster,
+                               view.broken)
+                return
+            logger.info("kubernetes store: watch of cluster %s failed, watching again from "
+                        "version %s: %s", view.cluster, view.version, failure)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(2 * delay, WATCH_RETRY_MAX)
+
+    async def _watch_once(self, view: _View) -> None:
+        """One watch request, read to its end (the server's timeoutSeconds)."""
+        try:
+            async with self._open(view.version) as resp:
+                if resp.status != 200:
+                    data = await resp.read()
+                    try:
+                        payload = json.loads(data) if data else {}
+                    except ValueError:
+                        payload = {"message": data[:300].decode(errors="replace")}
+                    if resp.status == 410:
+                        raise _Expired(str(payload.get("message", "410 Gone")))
+                    raise _status_error(f"watching leases of {view.cluster}", int(resp.status),
+                                        payload)
+                view.sign = time.monotonic()
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    while (end := buffer.find(b"\n")) >= 0:
+                        line = bytes(buffer[:end])
+                        del buffer[:end + 1]
+                        if line.strip():
+                            self._event(view, line)
+                    if len(buffer) > WATCH_LINE_LIMIT:
+                        raise StoreError(f"kubernetes store: a watch event of cluster "
+                                         f"{view.cluster} is over {WATCH_LINE_LIMIT} bytes")
+        except KubeAPIError as e:
+            raise StoreError(f"kubernetes store: watching leases of {view.cluster} failed: "
+                             f"{e}") from None
+
+    def _event(self, view: _View, line: bytes) -> None:
+        event = json.loads(line)
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired(str(obj.get("message", "410 Gone")))
+            raise _status_error(f"watching leases of {view.cluster}", int(obj.get("code") or 0),
+                                obj)
+        if kind == "BOOKMARK":
+            view.bookmarks += 1
+        elif kind in ("ADDED", "MODIFIED", "DELETED"):
+            entry = view.apply(kind, obj, self.namespace)
+            view.events += 1
+            if entry is not None and self._watchers:
+                self._notify(kind, entry)
+        else:
+            raise StoreError(f"kubernetes store: unknown watch event type {kind!r}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            view.version = str(version)
+        view.sign = time.monotonic()
+
+    def subscribe(self, callback: Callable[[Change], None]) -> Callable[[], None]:
+        """Tell `callback` of each change the watch sees, until the call it returns."""
+        self._watchers.append(callback)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._watchers.remove(callback)
+
+        return unsubscribe
+
+    def _notify(self, kind: str, entry: _Entry) -> None:
+        what: Literal["added", "modified", "deleted"] = \
+            "added" if kind == "ADDED" else "deleted" if kind == "DELETED" else "modified"
+        if entry.kind == "shard":
+            rec = entry.stored.record if entry.stored is not None else None
+            change = Change("lease", what, free=rec is not None and rec.owner is None)
+        elif entry.kind == "heartbeat" and entry.node is not None:
+            change = Change("heartbeat", what, node=entry.node)
+        elif entry.kind == "epoch" and entry.node is not None:
+            change = Change("epoch", what, node=entry.node, ended=entry.ended)
+        else:
+            return
+        for callback in list(self._watchers):
+            try:
+                callback(change)
+            except Exception:  # a watcher's bug must not end the watch
+                logger.exception("kubernetes store: a change watcher of cluster %s failed",
+                                 self.cluster)

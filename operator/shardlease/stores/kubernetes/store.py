@@ -1,18 +1,17 @@
-"""The Kubernetes store itself: requests, the listing and its cache's
-upkeep (the watch), and every read and compare-and-swap of the interface
-(see the package's doc)."""
+"""The Kubernetes store itself: requests, the listing, the caches' informers
+(one a cluster, handed the LIST and the watch to call), and every read and
+compare-and-swap of the interface (see the package's doc)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
 import math
-import random
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from shardlease.errors import ConfigError, Conflict, KubeAPIError, StoreError
@@ -48,6 +47,7 @@ from shardlease.stores.kubernetes.codec import (
     _Entry,
     _heartbeats_of,
     _micro,
+    _status_error,
     epoch_object_name,
     lease_name,
     lease_to_object,
@@ -57,14 +57,13 @@ from shardlease.stores.kubernetes.codec import (
 )
 from shardlease.stores.kubernetes.informer import (
     STALE_MARGIN,
-    WATCH_LINE_LIMIT,
-    WATCH_RETRY_FIRST,
-    WATCH_RETRY_MAX,
     WATCH_TIMEOUT,
-    _Expired,
-    _retrieve,
+    Informer,
     _View,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 logger = logging.getLogger("shardlease.store.kubernetes")
 
@@ -88,13 +87,10 @@ class KubernetesStore(LeaseStore):
         self.watch_timeout = float(math.ceil(watch_timeout))
         #: A cache with no sign of life for this long is stale.
         self.stale_after = self.watch_timeout + STALE_MARGIN
-        #: cluster -> its watch-fed cache.
-        self._views: dict[str, _View] = {}
-        #: cluster -> who is told of each change its watch sees (`watch_changes`).
-        self._watchers: dict[str, list[Callable[[Change], None]]] = {}
+        #: cluster -> the informer keeping its watch-fed cache and telling its
+        #: subscribers (`watch_changes`) of each change.
+        self._informers: dict[str, Informer] = {}
         self.watches = watch
-        #: cluster -> its (re)LIST in progress, so concurrent reads share one.
-        self._syncing: dict[str, asyncio.Future[_View]] = {}
         #: (cluster, kind selector) -> entries of the last LIST (watch off):
         #: their decoded records, reused while an object's version is unchanged.
         self._listed: dict[tuple[str, str], dict[str, _Entry]] = {}
@@ -146,14 +142,7 @@ class KubernetesStore(LeaseStore):
             return self._api
 
     async def aclose(self) -> None:
-        tasks: list[asyncio.Future[Any]] = [v.task for v in self._views.values()
-                                             if v.task is not None]
-        tasks += self._syncing.values()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._views.clear()
-        self._syncing.clear()
+        await asyncio.gather(*(informer.stop() for informer in self._informers.values()))
         if self._api is not None:
             await self._api.close()
             self._api = None
@@ -169,7 +158,7 @@ class KubernetesStore(LeaseStore):
                                              request_timeout=self.timeout, query=query)
         except KubeAPIError as e:
             raise StoreError(f"kubernetes store: {method} {path} failed: {e!r}") from None
-        if method != "GET" and status in (200, 201, 202) and self._views:
+        if method != "GET" and status in (200, 201, 202) and self._informers:
             self._wrote(method, path, payload)
         if status in (401, 403):
             raise StoreError(
@@ -180,8 +169,7 @@ class KubernetesStore(LeaseStore):
         return status, payload
 
     def _fail(self, what: str, status: int, payload: dict[str, Any]) -> StoreError:
-        return StoreError(f"kubernetes store: {what}: {status} {payload.get('reason', '')} "
-                          f"{payload.get('message', '')}".rstrip())
+        return _status_error(what, status, payload)
 
     def _path(self, name: str | None = None) -> str:
         base = LEASES.format(ns=self.namespace)
@@ -225,7 +213,7 @@ class KubernetesStore(LeaseStore):
         """Every Lease object of `cluster` of `kind` ("shard" or "heartbeat"),
         decoded: from the cluster's watch-fed cache, or a LIST with the watch off."""
         if self.watch:
-            view = await self._view(cluster)
+            view = await self._informer(cluster).read()
             return [entry for entry in view.entries.values() if entry.kind == kind]
         known = self._listed.get((cluster, kind))
         items, _ = await self._list(self._selector(cluster, kind))
@@ -233,190 +221,62 @@ class KubernetesStore(LeaseStore):
         self._listed[(cluster, kind)] = entries
         return list(entries.values())
 
-    # -- the watch-fed cache (see the module doc) -----------------------------
+    # -- the watch-fed caches (see the package's doc) ---------------------------
 
-    async def _view(self, cluster: str) -> _View:
-        """The cluster's cache, LISTed again first unless in sync and fresh."""
-        view = self._views.get(cluster)
-        if view is not None and view.stale(time.monotonic(), self.stale_after) is None:
-            return view
-        syncing = self._syncing.get(cluster)
-        if syncing is None or syncing.done():
-            # One LIST for every read that finds the cache unusable meanwhile
-            # (the leases and the heartbeats of a round); it goes on if they
-            # stop waiting, like any request the loop abandons.
-            syncing = asyncio.ensure_future(self._resync(cluster))
-            syncing.add_done_callback(_retrieve)
-            self._syncing[cluster] = syncing
-        return await asyncio.shield(syncing)
+    @property
+    def _views(self) -> dict[str, _View]:
+        """cluster -> its watch-fed cache, for the clusters that have one."""
+        return {cluster: informer.view for cluster, informer in self._informers.items()
+                if informer.view is not None}
 
-    async def _resync(self, cluster: str) -> _View:
-        """LIST the cluster's Leases into a new cache and watch from there."""
-        old = self._views.get(cluster)
-        if old is not None:
-            why = old.stale(time.monotonic(), self.stale_after)
-            if why is None:
-                return old  # (a LIST finished just before this one started)
-            logger.warning("kubernetes store: the cache of cluster %s is out of date (%s); "
-                           "listing its leases again", cluster, why)
-            if old.task is not None:
-                old.task.cancel()
-        started = time.monotonic()
-        items, version = await self._list(self._selector(cluster))
-        known = old.entries if old is not None else None
-        entries = dict(_decode(obj, cluster, self.namespace, known) for obj in items)
-        view = _View(cluster, version, entries, time.monotonic())
-        if old is not None:
-            for name, (written, when) in old.pending.items():
-                if when < started:
-                    continue  # answered before the LIST was sent: the LIST shows it or later
-                # Answered while the LIST ran: the LIST may predate it.
-                view.pending[name] = (written, when)
-                if written is None:
-                    entries.pop(name, None)
-                elif name in old.entries:
-                    entries[name] = old.entries[name]
-        self._views[cluster] = view
-        self.resyncs.append(cluster)
-        view.task = asyncio.create_task(self._watch(view), name=f"watch leases of {cluster}")
-        return view
+    def _informer(self, cluster: str) -> Informer:
+        informer = self._informers.get(cluster)
+        if informer is None:
+            informer = self._informers[cluster] = Informer(
+                cluster, self.namespace, self.stale_after,
+                list_leases=functools.partial(self._list, self._selector(cluster)),
+                watch_leases=functools.partial(self._open_watch, cluster),
+                loaded=self.resyncs.append)
+        return informer
 
-    def _wrote(self, method: str, path: str, payload: dict[str, Any]) -> None:
-        """A write of ours was answered: its result goes into the cluster's cache."""
-        now = time.monotonic()
-        if method == "DELETE":
-            name = path.rsplit("/", 1)[-1]
-            for seen in self._views.values():
-                if name in seen.entries:
-                    seen.wrote(name, None, self.namespace, now)
-            return
-        meta = payload.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        view = self._views.get(str(labels.get(LABEL_CLUSTER)))
-        if view is not None and labels.get(LABEL_KIND) in ("shard", "heartbeat", "epoch") \
-                and meta.get("resourceVersion") and meta.get("name"):
-            view.wrote(str(meta["name"]), payload, self.namespace, now)
-
-    async def _watch(self, view: _View) -> None:
-        """Keep `view` up to date: watch after watch from its last version,
-        until the server says that version is gone or the cache is stale."""
-        delay = WATCH_RETRY_FIRST
-        while True:
-            try:
-                await self._watch_once(view)
-                delay = WATCH_RETRY_FIRST
-                continue
-            except _Expired as e:
-                view.broken = f"the server no longer has version {view.version} ({e})"
-                logger.info("kubernetes store: watch of cluster %s: %s", view.cluster,
-                            view.broken)
-                return
-            except Exception as e:  # the connection, the server, a malformed event
-                failure = e
-            if (silent := time.monotonic() - view.sign) > self.stale_after:
-                view.broken = (f"no event, bookmark or watch answer for {silent:.1f}s (more than "
-                               f"{self.stale_after:g}s); the watch: {failure}")
-                logger.warning("kubernetes store: watch of cluster %s: %s", view.cluster,
-                               view.broken)
-                return
-            logger.info("kubernetes store: watch of cluster %s failed, watching again from "
-                        "version %s: %s", view.cluster, view.version, failure)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(2 * delay, WATCH_RETRY_MAX)
-
-    async def _watch_once(self, view: _View) -> None:
-        """One watch request, read to its end (the server's timeoutSeconds)."""
+    @contextlib.asynccontextmanager
+    async def _open_watch(self, cluster: str,
+                          version: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A watch of the cluster's Leases from `version`, until the server ends it."""
         import aiohttp
 
         api = await self._client()
-        query = [("watch", "1"), ("labelSelector", self._selector(view.cluster)),
-                 ("resourceVersion", view.version), ("allowWatchBookmarks", "true"),
+        query = [("watch", "1"), ("labelSelector", self._selector(cluster)),
+                 ("resourceVersion", version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(int(self.watch_timeout)))]
         self._count("watch")
         # No total timeout (the server ends the watch), but a read that waits
         # longer than the staleness bound means the connection is dead.
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout,
                                         sock_connect=self.timeout, sock_read=self.stale_after)
-        try:
-            async with api.stream(self._path(), query, timeout) as resp:
-                if resp.status != 200:
-                    data = await resp.read()
-                    try:
-                        payload = json.loads(data) if data else {}
-                    except ValueError:
-                        payload = {"message": data[:300].decode(errors="replace")}
-                    if resp.status == 410:
-                        raise _Expired(str(payload.get("message", "410 Gone")))
-                    raise self._fail(f"watching leases of {view.cluster}", int(resp.status),
-                                     payload)
-                view.sign = time.monotonic()
-                buffer = bytearray()
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    while (end := buffer.find(b"\n")) >= 0:
-                        line = bytes(buffer[:end])
-                        del buffer[:end + 1]
-                        if line.strip():
-                            self._event(view, line)
-                    if len(buffer) > WATCH_LINE_LIMIT:
-                        raise StoreError(f"kubernetes store: a watch event of cluster "
-                                         f"{view.cluster} is over {WATCH_LINE_LIMIT} bytes")
-        except KubeAPIError as e:
-            raise StoreError(f"kubernetes store: watching leases of {view.cluster} failed: "
-                             f"{e}") from None
+        async with api.stream(self._path(), query, timeout) as resp:
+            yield resp
 
-    def _event(self, view: _View, line: bytes) -> None:
-        event = json.loads(line)
-        kind = event.get("type")
-        obj = event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Expired(str(obj.get("message", "410 Gone")))
-            raise self._fail(f"watching leases of {view.cluster}", int(obj.get("code") or 0), obj)
-        if kind == "BOOKMARK":
-            view.bookmarks += 1
-        elif kind in ("ADDED", "MODIFIED", "DELETED"):
-            entry = view.apply(kind, obj, self.namespace)
-            view.events += 1
-            if entry is not None and self._watchers.get(view.cluster):
-                self._notify(view.cluster, kind, entry)
-        else:
-            raise StoreError(f"kubernetes store: unknown watch event type {kind!r}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if version:
-            view.version = str(version)
-        view.sign = time.monotonic()
+    def _wrote(self, method: str, path: str, payload: dict[str, Any]) -> None:
+        """A write of ours was answered: its result goes into the cluster's cache."""
+        now = time.monotonic()
+        if method == "DELETE":
+            name = path.rsplit("/", 1)[-1]
+            for each in self._informers.values():
+                each.wrote(name, None, now)
+            return
+        meta = payload.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        informer = self._informers.get(str(labels.get(LABEL_CLUSTER)))
+        if informer is not None and labels.get(LABEL_KIND) in ("shard", "heartbeat", "epoch") \
+                and meta.get("resourceVersion") and meta.get("name"):
+            informer.wrote(str(meta["name"]), payload, now)
 
     def watch_changes(self, cluster: str,
                       callback: Callable[[Change], None]) -> Callable[[], None] | None:
         if not self.watch:
             return None
-        self._watchers.setdefault(cluster, []).append(callback)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._watchers.get(cluster, []).remove(callback)
-
-        return unsubscribe
-
-    def _notify(self, cluster: str, kind: str, entry: _Entry) -> None:
-        what: Literal["added", "modified", "deleted"] = \
-            "added" if kind == "ADDED" else "deleted" if kind == "DELETED" else "modified"
-        if entry.kind == "shard":
-            rec = entry.stored.record if entry.stored is not None else None
-            change = Change("lease", what, free=rec is not None and rec.owner is None)
-        elif entry.kind == "heartbeat" and entry.node is not None:
-            change = Change("heartbeat", what, node=entry.node)
-        elif entry.kind == "epoch" and entry.node is not None:
-            change = Change("epoch", what, node=entry.node, ended=entry.ended)
-        else:
-            return
-        for callback in list(self._watchers.get(cluster, [])):
-            try:
-                callback(change)
-            except Exception:  # a watcher's bug must not end the watch
-                logger.exception("kubernetes store: a change watcher of cluster %s failed",
-                                 cluster)
+        return self._informer(cluster).subscribe(callback)
 
     # -- leases -----------------------------------------------------------------
 
