@@ -10,7 +10,8 @@ the peers it knows of (the pod list, or `--peer NAME=HOST:PORT`) itself.
 A hint is never trusted for safety: it only calls `PlacementLoop.hint()`,
 which starts a round early; the round judges what it reads as any round does
 and every claim stays a compare-and-swap. So a hint needs no secret (a forged
-one costs the receiver at most a round every `loop.HINT_GAP` intervals), may
+one costs the receiver at most a round every `loop.HINT_GAP` intervals, after a
+burst of `loop.HINT_BURST`), may
 be lost (the round comes at its time anyway), and is a datagram rather than
 a request: nothing waits for an answer, nothing retries.
 

@@ -103,9 +103,10 @@ from shardlease.view import Owner as Owner
 
 logger = logging.getLogger("shardlease.loop")
 
-#: The least time between the starts of two rounds a hint woke, in
-#: intervals: what bounds the store load a storm of hints can make (at most
-#: 1 / HINT_GAP woken rounds an interval besides the one of its time).
+#: The pace of rounds a hint woke, in intervals between starts (after a
+#: burst of HINT_BURST): what bounds the store load a storm of hints can
+#: make (at most 1 / HINT_GAP woken rounds an interval, and HINT_BURST,
+#: besides the one of its time).
 HINT_GAP = 0.25
 #: Seconds a woken round waits after a hint of a freed lease (at most
 #: HINT_GAP intervals): the frees of one stop or one rebalance come within
@@ -421,9 +422,10 @@ class PlacementLoop:
         sent: `shardlease.hints`): start the next round soon rather than at
         its time, so that a freed shard reopens here at once. Nothing else:
         the round judges what it reads as any round does, and every claim is
-        a compare-and-swap. Hints that come together wake one round; a woken
-        round starts no sooner than `HINT_GAP` intervals after the last woken
-        one began, and `HINT_SETTLE` after the first hint unless one of them
+        a compare-and-swap. Hints that come together wake one round; woken
+        rounds keep the pace of `paced` (HINT_GAP intervals apart after a
+        burst of HINT_BURST), and start `HINT_SETTLE` after the first hint
+        at most (HINT_QUIET after the last) unless one of them
         said all there was to say (`settle` False: see `settles`)."""
         if self.life is Life.STOPPED:
             return

@@ -11,8 +11,10 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
 
 from shardlease.errors import ConfigError, Conflict, KubeAPIError, StoreError
 from shardlease.kubeapi import KubeClient
@@ -61,9 +63,6 @@ from shardlease.stores.kubernetes.informer import (
     Informer,
     _View,
 )
-
-if TYPE_CHECKING:
-    import aiohttp
 
 logger = logging.getLogger("shardlease.store.kubernetes")
 
@@ -243,8 +242,6 @@ class KubernetesStore(LeaseStore):
     async def _open_watch(self, cluster: str,
                           version: str) -> AsyncIterator[aiohttp.ClientResponse]:
         """A watch of the cluster's Leases from `version`, until the server ends it."""
-        import aiohttp
-
         api = await self._client()
         query = [("watch", "1"), ("labelSelector", self._selector(cluster)),
                  ("resourceVersion", version), ("allowWatchBookmarks", "true"),
