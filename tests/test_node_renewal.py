@@ -312,3 +312,32 @@ async def test_a_lease_of_a_newer_format_is_never_claimed_and_is_reported(
     assert a.loop.lookup(2) is None and b.loop.lookup(2) is None
     await a.stop()
     await b.stop()
+
+
+@virtual
+async def test_a_last_node_whose_epoch_lands_after_its_first_round_claims_once_it_lands() -> None:
+    # Nodes started together: the last to start sees every peer it knows of
+    # live in its first round, so it may claim at once, but its own epoch
+    # (written beside that round) has not landed yet, and a lease must name
+    # a live epoch. Its claims must follow the epoch's first write, not the
+    # next round of its time (measured on the file store, 3 nodes, TTL 3 s:
+    # the last node's 4 shards waited an interval, 4 of 7.5 unowned shard-s).
+    backend = MemoryBackend()
+    peers = {"a", "b", "c"}
+    a = node("a", backend, shards=6, peers=lambda: peers).start()
+    b = node("b", backend, shards=6, peers=lambda: peers).start()
+    await asyncio.sleep(0.2)
+    c = node("c", backend, shards=6, peers=lambda: peers)
+    c.store.delay["create_epoch"] = 0.05
+    c.start()
+    await asyncio.sleep(6.0)
+    assert sorted(c.opened() | a.opened() | b.opened()) == [0, 1, 2, 3, 4, 5]
+    landed = min(t for t, m in c.store.calls if m == "create_epoch") + 0.05
+    claims = [t for t, _ in c.of(Claim)]
+    assert claims, "c claimed nothing"
+    first_round = c.round_times()[0]
+    assert first_round < landed, "the scenario needs the first round to end before the epoch"
+    assert min(claims) <= landed + 0.1, (landed, claims, c.round_times())
+    for n in (a, b, c):
+        await n.stop()
+

@@ -639,8 +639,13 @@ class PlacementLoop:
         while not self.own.retired:
             started = self.clock.monotonic()
             ok = await self.own.beat(silent=self.keeper.withdrawn())
-            if ok and self.own.valid():
-                self._announce()
+            if ok and self.own.valid() and self._announce() and self.rounds:
+                # A round ran before the epoch's first write landed, and a
+                # lease must name a live epoch: whatever it would have
+                # claimed (the last of nodes started together sees all its
+                # peers at once) waits for the next round, which runs now
+                # rather than an interval later. Once per start.
+                self.hint(settle=False)
 
             def due(ok: bool = ok, started: float = started) -> float:
                 pace = self._epoch_pace()
@@ -707,11 +712,14 @@ class PlacementLoop:
         if await self.beats.beat(stopping=lambda: self.stopping):
             self._announce()
 
-    def _announce(self) -> None:
-        """The first liveness record landed: peers may be told (`Joined`)."""
-        if not self._joined:
-            self._joined = True
-            self.telemetry.emit(Joined(cluster=self.cluster, node=self.name))
+    def _announce(self) -> bool:
+        """The first liveness record landed: peers may be told (`Joined`).
+        True the first time."""
+        if self._joined:
+            return False
+        self._joined = True
+        self.telemetry.emit(Joined(cluster=self.cluster, node=self.name))
+        return True
 
     # -- renewals ---------------------------------------------------------------------
 
