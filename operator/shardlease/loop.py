@@ -885,10 +885,16 @@ class PlacementLoop:
         # Each silent epoch is ended once, before any of its leases is claimed.
         ending: dict[EpochKey, asyncio.Task[bool]] = {}
 
+        short = False
+
         async def slot(shard: int) -> None:
-            while not await one(shard) and shard not in adopted \
-                    and (shard := next(spares, -1)) >= 0:
-                pass
+            nonlocal short
+            while not await one(shard):
+                if shard in adopted:
+                    return
+                if (shard := next(spares, -1)) < 0:
+                    short = True  # every spare lost too
+                    return
 
         async def one(shard: int) -> bool:
             """Claim `shard`; False if a peer was first."""
@@ -919,6 +925,13 @@ class PlacementLoop:
             logger.warning("claims took longer than %.3gs; abandoned", self.budget)
         finally:
             await _cancel(*ending.values())
+        if short:
+            # Below the share after races lost to peers that read the same
+            # free shards (nodes started together): the listing was stale,
+            # and a fresh one in the next round finds what is left, now
+            # rather than an interval later. Paced like any woken round, so
+            # contention cannot spin; each lost race was a peer's claim.
+            self.hint(settle=False)
 
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
                          adopted: bool = False) -> bool:
