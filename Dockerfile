@@ -13,6 +13,9 @@
 # end-to-end scenarios (tests/pods, e2e/kind.sh) run beside the agent.
 
 ARG PYTHON_IMAGE=python:3.11-slim
+# The final stages' base: the same Python without what only builds a
+# virtualenv, where one is at hand (e2e/cluster passes such a base).
+ARG RUNTIME_BASE=${PYTHON_IMAGE}
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,6 +23,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# botocore carries the API models of every AWS service (27 MB); the S3 store
+# needs S3's, and its credential providers STS's, SSO's and the sign-in
+# service's. (tests/pods/test_node.py makes those clients in the image.)
+ENV PRUNE_BOTOCORE="import botocore, pathlib, shutil; \
+keep = {'s3', 'sts', 'sso', 'sso-oidc', 'signin'}; \
+data = pathlib.Path(botocore.__file__).parent / 'data'; \
+[shutil.rmtree(p) for p in data.iterdir() if p.is_dir() and p.name not in keep]"
 # Only what building the packages needs (see .dockerignore).
 COPY pyproject.toml README.md ./
 COPY requirements/image.txt requirements/image.txt
@@ -33,7 +43,8 @@ RUN python -m venv /opt/shardlease \
  && /opt/shardlease/bin/pip install --require-hashes --no-deps -r requirements/image.txt \
  && pip wheel --no-deps --wheel-dir /wheels . ./examples \
  && /opt/shardlease/bin/pip install --no-deps /wheels/shardlease-*.whl \
- && /opt/shardlease/bin/pip check
+ && /opt/shardlease/bin/pip check \
+ && /opt/shardlease/bin/python -c "$PRUNE_BOTOCORE"
 
 # The example application, installed next to shardlease but not inside it
 # (it needs nothing shardlease does not already depend on).
@@ -48,7 +59,7 @@ FROM builder AS runtime-venv
 RUN /opt/shardlease/bin/pip uninstall --yes pip setuptools \
  && /opt/shardlease/bin/shardlease --help > /dev/null
 
-FROM ${PYTHON_IMAGE} AS base
+FROM ${RUNTIME_BASE} AS base
 # Set by whoever builds: e2e/cluster passes the git revision.
 ARG VERSION=0.1.0
 ARG REVISION=unknown

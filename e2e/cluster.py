@@ -27,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,6 +46,9 @@ BRIDGE = "shl0"
 RULE_COMMENT = "shardlease-node"
 PAUSE_IMAGE = "shardlease.local/pause:1"
 BASE_IMAGE = "shardlease-base/python:3.11-bookworm"
+#: The final stages' base: BASE_IMAGE without pip, venv and the docs (as a
+#: slim Python image has none): the runtime image copies a ready virtualenv.
+RUNTIME_BASE_IMAGE = "shardlease-base/python:3.11-bookworm-runtime"
 IMAGE = "shardlease:dev"
 #: The production image (the Dockerfile's default target), built beside IMAGE.
 RUNTIME_IMAGE = "shardlease:runtime"
@@ -56,8 +60,13 @@ absent = {m: importlib.util.find_spec(m) is None for m in (
     "shardlease_examples", "shardlease_tools", "rich", "moto", "pip", "setuptools",
     "kubernetes_asyncio")}
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+import botocore.session
+session = botocore.session.get_session()
+clients = sorted(name for name in ("s3", "sts", "sso", "sso-oidc") if session.create_client(
+    name, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"))
 code = subprocess.run(["shardlease", "--help"], capture_output=True).returncode
-print(json.dumps({"absent": absent, "agent_import_rss_mb": rss, "help_exit": code}))
+print(json.dumps({"absent": absent, "agent_import_rss_mb": rss, "help_exit": code,
+                  "botocore_clients": clients}))
 """
 # What `image: shardlease:dev` in a pod spec resolves to.
 IMAGE_REF = "docker.io/library/shardlease:dev"
@@ -1000,24 +1009,77 @@ def _rootfs_tarball() -> Path:
     return tarball
 
 
+#: What the runtime base leaves out of the debootstrap root: the packages
+#: that only make a virtualenv (a runtime image copies a finished one), and
+#: documentation, manual pages and translations. Bump RUNTIME_ROOTFS_RECIPE
+#: when this changes (the cached root is made again).
+RUNTIME_PURGE = ("python3-pip", "python3-venv", "python3.11-venv", "python3-pip-whl",
+                 "python3-setuptools-whl", "python3-setuptools", "python3-wheel",
+                 "python3-pkg-resources", "python3-distutils", "python3-lib2to3")
+RUNTIME_STRIP = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale")
+RUNTIME_ROOTFS_RECIPE = "1"
+RUNTIME_ROOTFS_IMAGE = "shardlease-base/bookworm-rootfs-runtime:" + RUNTIME_ROOTFS_RECIPE
+
+
+def _runtime_tarball() -> Path:
+    """The debootstrap root without RUNTIME_PURGE's packages (purged by
+    dpkg, so its database agrees) and RUNTIME_STRIP's files; made from the
+    cached root, itself cached."""
+    tarball = images_dir() / f"bookworm-python3-runtime-{RUNTIME_ROOTFS_RECIPE}.tar"
+    if tarball.exists():
+        return tarball
+    full = _rootfs_tarball()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=images_dir()) as d:
+        root = Path(d) / "rootfs"
+        root.mkdir()
+        _run(["tar", "-C", str(root), "--numeric-owner", "-xf", str(full)], timeout=900)
+        listed = _run(["chroot", str(root), "dpkg-query", "-W", "-f", "${Package}\\n"],
+                      timeout=120).stdout.decode().split()
+        purge = [pkg for pkg in RUNTIME_PURGE if pkg in listed]
+        if purge:
+            _run(["chroot", str(root), "dpkg", "--purge", *purge], timeout=600,
+                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"})
+        for junk in RUNTIME_STRIP:
+            for p in (root / junk).glob("*"):
+                _rm(p)
+        tmp = Path(d) / "rootfs.tar"
+        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."], timeout=900)
+        os.replace(tmp, tarball)
+    _log(f"runtime root (without {len(purge)} packages and the docs) in "
+         f"{time.monotonic() - t0:.0f}s")
+    return tarball
+
+
 def base_image() -> str:
-    """The Python base image the Dockerfile is built on here: the debootstrap
-    root filesystem, trusting the CAs the host trusts (pip inside the build
-    goes through the same network as the host's). Rebuilt only when missing
-    or when the host's CAs changed."""
+    """The Python base image the Dockerfile's build stages run on here: the
+    debootstrap root filesystem, trusting the CAs the host trusts (pip inside
+    the build goes through the same network as the host's). Rebuilt only
+    when missing or when the host's CAs changed."""
+    return _base(BASE_IMAGE, ROOTFS_IMAGE, _rootfs_tarball)
+
+
+def runtime_base_image() -> str:
+    """The base of the Dockerfile's final stages here (`RUNTIME_BASE`): the
+    same root without pip, venv and the docs (`_runtime_tarball`), with the
+    same CAs."""
+    return _base(RUNTIME_BASE_IMAGE, RUNTIME_ROOTFS_IMAGE, _runtime_tarball)
+
+
+def _base(tag: str, rootfs_image: str, tarball: Callable[[], Path]) -> str:
     cas, digest = _host_cas()
     label = "io.shardlease.host-ca"
     p = _docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}',
-                BASE_IMAGE, check=False)
+                tag, check=False)
     if p.returncode == 0 and p.stdout.decode().strip() == digest:
-        return BASE_IMAGE
-    if _docker("image", "inspect", ROOTFS_IMAGE, check=False).returncode != 0:
-        with open(_rootfs_tarball(), "rb") as f:
+        return tag
+    if _docker("image", "inspect", rootfs_image, check=False).returncode != 0:
+        with open(tarball(), "rb") as f:
             p = subprocess.run([_docker_cli(), "import",
                                 "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
                                             "/usr/bin:/sbin:/bin",
                                 "--change", "ENV LANG=C.UTF-8",
-                                "--change", 'CMD ["python3"]', "-", ROOTFS_IMAGE],
+                                "--change", 'CMD ["python3"]', "-", rootfs_image],
                                stdin=f, capture_output=True, env=_docker_env(), timeout=900)
         if p.returncode != 0:
             raise ClusterError(f"docker import failed: {p.stderr.decode()[-2000:]}")
@@ -1026,16 +1088,16 @@ def base_image() -> str:
         for c in cas:
             shutil.copy(c, Path(d) / "ca" / c.name)
         (Path(d) / "Dockerfile").write_text(
-            f"FROM {ROOTFS_IMAGE}\n"
+            f"FROM {rootfs_image}\n"
             "COPY ca/ /usr/local/share/ca-certificates/\n"
             "RUN update-ca-certificates\n"
             f"LABEL {label}={digest}\n")
-        p = _run([_docker_cli(), "build", "-t", BASE_IMAGE, d], check=False, timeout=600,
+        p = _run([_docker_cli(), "build", "-t", tag, d], check=False, timeout=600,
                  env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
         if p.returncode != 0:
             raise ClusterError(f"base image build failed:\n{p.stdout.decode()[-3000:]}"
                                f"{p.stderr.decode()[-2000:]}")
-    return BASE_IMAGE
+    return tag
 
 
 def image(load: bool = True) -> str:
@@ -1044,7 +1106,7 @@ def image(load: bool = True) -> str:
     Returns the image ID."""
     root = Path(__file__).resolve().parents[1]
     with cp._file_lock("image.lock"), docker_engine():
-        base = base_image()
+        base, runtime_base = base_image(), runtime_base_image()
         t0 = time.monotonic()
         # The classic builder: BuildKit is not part of Debian's engine.
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
@@ -1054,7 +1116,9 @@ def image(load: bool = True) -> str:
         # the default of `docker build .`, for what it weighs.
         for target, tag in (("example", IMAGE), ("runtime", RUNTIME_IMAGE)):
             p = _run([_docker_cli(), "build", "--network", "host", "--target", target,
-                      "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"REVISION={rev}",
+                      "--build-arg", f"PYTHON_IMAGE={base}",
+                      "--build-arg", f"RUNTIME_BASE={runtime_base}",
+                      "--build-arg", f"REVISION={rev}",
                       "-t", tag, str(root)],
                      check=False, timeout=1800, env=dict(_docker_env(), DOCKER_BUILDKIT="0"))
             if p.returncode != 0:

@@ -164,7 +164,8 @@ def test_deleted_pod_is_recreated_and_ready(cluster, smoke):
 def test_the_runtime_image_holds_what_runs_in_production_and_nothing_else(cluster) -> None:
     """`docker build .` (the runtime target) carries shardlease and its pinned
     dependencies: not the example app, the development tools, the demo's
-    `rich`, moto, kubernetes_asyncio, nor pip. Read from inside the image by e2e/cluster.py's
+    `rich`, moto, kubernetes_asyncio, nor pip, and botocore's models of S3 and
+    its credential providers only. Read from inside the image by e2e/cluster.py's
     build (runtime-image.json); the sizes are printed, not asserted."""
     report = json.loads((clmod.cp.cache_dir() / "runtime-image.json").read_text())
     print(f"\n[image] {report['image']}: {report['size_bytes'] / 1e6:.0f} MB "
@@ -175,3 +176,6 @@ def test_the_runtime_image_holds_what_runs_in_production_and_nothing_else(cluste
     assert all(report["absent"].values()), report["absent"]
     assert set(report["absent"]) >= {"shardlease_examples", "shardlease_tools", "rich", "pip",
                                      "kubernetes_asyncio"}
+    # botocore's models are pruned to the S3 store's and its credential
+    # providers' (the Dockerfile's PRUNE_BOTOCORE): each client still loads.
+    assert report.get("botocore_clients") == ["s3", "sso", "sso-oidc", "sts"], report
