@@ -72,10 +72,14 @@ async def test_an_agents_memory_and_time_to_ready(
         to_open = time.monotonic() - started
         at_open = rss_mb(proc.popen.pid)
         importing = await asyncio.to_thread(import_seconds)
+        # The agent's own account of it, which the pods' scenario prints too.
+        said = [ln for ln in proc.log.read_text().splitlines() if "ready: " in ln]
+        assert len(said) == 1, proc.tail()
         print(f"\n[footprint] agent, {shards} shards: ready {to_ready:.2f}s after start "
               f"(importing its modules alone: {importing:.2f}s), every shard open after "
               f"{to_open:.1f}s; resident memory {at_ready:.1f} MB when ready, "
-              f"{at_open:.1f} MB with every shard open")
+              f"{at_open:.1f} MB with every shard open; it logged "
+              f"{said[0][said[0].index('ready: '):][:200]}")
     finally:
         proc.stop()
         await app.stop()

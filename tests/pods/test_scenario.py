@@ -459,6 +459,13 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
         assert agent is not None and agent["restartPolicy"] == "Always", pod["spec"]
         hook = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["httpGet"]
         assert hook["path"] == "/drain" and not hook.get("httpHeaders")  # no secret in it
+    # What an agent's start costs, as it logs it once ready (#19; printed).
+    for pod in app.pods():
+        name = pod["metadata"]["name"]
+        logs = cluster.kubectl("logs", "-n", ns, name, "-c", "shardlease-agent").stdout
+        said = [ln for ln in logs.splitlines() if "ready: " in ln]
+        assert said, f"{name}'s agent never logged that it was ready:\n{logs[-2000:]}"
+        print(f"[pods] {policy}: {name}'s agent: {said[0][said[0].index('ready: '):][:160]}")
     table = cluster.kubectl("get", "shardsets", "-n", ns).stdout
     assert "shardapp" in table and "True" in table, table
     # No annotation: node renewal, the default.

@@ -62,6 +62,7 @@ from shardlease.k8s.status import (
 )
 from shardlease.kubeapi import KubeClient
 from shardlease.loop import PlacementLoop
+from shardlease.proc import process_age
 from shardlease.routing import shard_for_key
 from shardlease.stores import open_store
 from shardlease.telemetry import (
@@ -83,6 +84,21 @@ logger = logging.getLogger("shardlease.agent")
 GROUP, VERSION, PLURAL = "shardlease.io", "v1alpha1", "shardsets"
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 HOST_POLL = 0.5
+
+
+
+async def _say_ready(loop: PlacementLoop, checked: float, listening: float,
+                     age: float | None) -> None:
+    """Log once how long the loop took to be ready, from the store's answer
+    (its start-up check) and the application listening (what the agent
+    itself costs), and what came before: the process's start to the store's
+    answer (`age`: interpreter, imports, login, the ShardSet), then the wait
+    for the application."""
+    await loop.ready.wait()
+    before = f"the store answered {age:.2f}s after the process started, " if age else ""
+    logger.info("ready: %.2fs after the store answered and the application listened "
+                "(%sthe application listened %.2fs later)",
+                time.monotonic() - listening, before, listening - checked)
 
 
 class Agent:
@@ -314,10 +330,12 @@ class Agent:
         unsubscribe: Callable[[], None] | None = None
         try:
             await store.check()
+            checked, age = time.monotonic(), process_age()
             if not await self._host_listening(self.host_url or spec.host.url):
                 return  # stopping, or the ShardSet changed while we waited
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
                                  telemetry=self.telemetry)
+            self._spawn(_say_ready(loop, checked, time.monotonic(), age), "ready")
             # What was handed out before, in this store or one it replaced,
             # as the ShardSet's status tells and this agent saw: its claims
             # go above (the application refusing an old generation is the
