@@ -33,6 +33,7 @@ from shardlease.stores.kubernetes import (
     legacy_lease_name,
     node_object_name,
 )
+from shardlease.stores.requests import ReportsRequests, RequestCounter, count_requests
 from shardlease.telemetry import Claim, Telemetry
 
 from ..stores.contract import (
@@ -122,7 +123,8 @@ class Settling(LeaseStore):
     def __init__(self, inner: LeaseStore, watcher: LeaseStore, namespace: str) -> None:
         super().__init__()
         self.inner, self.watcher, self.namespace = inner, watcher, namespace
-        self.requests = inner.requests
+        assert isinstance(inner, ReportsRequests)
+        self.backend_requests = inner.backend_requests
 
     def describe(self) -> str:
         return self.inner.describe()
@@ -191,11 +193,22 @@ class TestKubernetesStore(StoreContract):
     URL = "kubernetes://{namespace}"
 
     @pytest.fixture
-    async def store(self, namespace: str, kubeconfig: str) -> AsyncIterator[LeaseStore]:
+    async def counted_store(self, namespace: str, kubeconfig: str
+                            ) -> AsyncIterator[tuple[LeaseStore, RequestCounter]]:
+        """The store, checked, and its requests counted from its making."""
         store = open_store(self.URL.format(namespace=namespace))
+        counted = count_requests(store)
         await store.check()
-        yield store
+        yield store, counted
         await store.aclose()
+
+    @pytest.fixture
+    def store(self, counted_store: tuple[LeaseStore, RequestCounter]) -> LeaseStore:
+        return counted_store[0]
+
+    @pytest.fixture
+    def counted(self, counted_store: tuple[LeaseStore, RequestCounter]) -> RequestCounter:
+        return counted_store[1]
 
     @pytest.fixture
     def put_raw(self, namespace: str, api_client: Any, store: LeaseStore) -> PutRaw:
@@ -237,16 +250,17 @@ class TestKubernetesStore(StoreContract):
         for s in opened:
             await s.aclose()
 
-    async def test_the_store_reads_as_configured(self, store: LeaseStore) -> None:
+    async def test_the_store_reads_as_configured(self, store: LeaseStore,
+                                                 counted: RequestCounter) -> None:
         assert isinstance(store, KubernetesStore)
         await store.list_leases(CLUSTER)
         await store.list_heartbeats(CLUSTER)
         if store.watch:
-            assert store.requests["list"] == 2, "the check, then one LIST for both kinds"
+            assert counted["list"] == 2, "the check, then one LIST for both kinds"
             assert store.resyncs == [CLUSTER] and CLUSTER in store._views
         else:
-            assert store.requests["list"] == 3, "the check, then one LIST per read"
-            assert store.requests["watch"] == 0 and not store._views
+            assert counted["list"] == 3, "the check, then one LIST per read"
+            assert counted["watch"] == 0 and not store._views
 
     async def test_a_lease_stored_in_another_cluster_is_corrupt(
             self, store: LeaseStore, put_raw: PutRaw) -> None:

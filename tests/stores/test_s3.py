@@ -23,6 +23,7 @@ from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
 from shardlease.records import MAX_RECORD_BYTES, Lease, Stored, encode
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
+from shardlease.stores.requests import RequestCounter, count_requests
 from shardlease.stores.s3 import FULL_LIST_EVERY, QUIET_LISTINGS, S3Store
 from tests.support.s3server import S3Server
 
@@ -50,10 +51,6 @@ def s3_store(server: S3Server, bucket: str, **options: Any) -> S3Store:
 
 def lease_key(cluster: str, shard: int) -> str:
     return f"{PREFIX}/{cluster}/leases/{shard}"
-
-
-def fresh_counts(store: LeaseStore) -> None:
-    store.requests.clear()
 
 
 # -- the contract ----------------------------------------------------------------------------------
@@ -114,6 +111,12 @@ async def store(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
     store = s3_store(s3_server, s3_bucket)
     yield store
     await store.aclose()
+
+
+@pytest.fixture
+def counted(store: S3Store) -> RequestCounter:
+    """`store`'s requests, counted from its making."""
+    return count_requests(store)
 
 
 @pytest.fixture
@@ -214,59 +217,61 @@ async def test_a_cluster_or_node_name_with_a_slash_is_refused(store: S3Store) ->
 
 
 async def test_listing_unchanged_leases_again_costs_one_list_and_no_get(
-        store: S3Store, other: S3Store) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     leases = {shard: make_lease(shard=shard, owner=f"node-{shard % 5}") for shard in range(64)}
     versions = dict(zip(leases, await asyncio.gather(
         *(other.create_lease(lease) for lease in leases.values())), strict=True))
 
-    fresh_counts(store)
+    counted.clear()
     first = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1, "get": 64}
+    assert dict(counted) == {"list": 1, "get": 64}
     assert {shard: s.record for shard, s in first.items()} == leases
 
-    fresh_counts(store)
+    counted.clear()
     second = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1}
+    assert dict(counted) == {"list": 1}
     assert second == first
 
     changed = {shard: rewrite(leases[shard], owner="node-x") for shard in (3, 17, 60)}
     for shard, lease in changed.items():
         versions[shard] = await other.update_lease(lease, versions[shard])
-    fresh_counts(store)
+    counted.clear()
     third = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1, "get": 3}
+    assert dict(counted) == {"list": 1, "get": 3}
     assert {shard: third[shard].record for shard in changed} == changed
     assert {shard: s.version for shard, s in third.items()} == versions
 
 
-async def test_a_store_does_not_fetch_back_what_it_wrote_itself(store: S3Store) -> None:
+async def test_a_store_does_not_fetch_back_what_it_wrote_itself(
+        store: S3Store, counted: RequestCounter) -> None:
     version = await store.create_lease(make_lease(shard=0))
     await store.update_lease(rewrite(make_lease(shard=0)), version)
-    fresh_counts(store)
+    counted.clear()
     await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 1}
+    assert dict(counted) == {"list": 1}
 
 
 async def test_every_page_of_a_listing_is_a_request(s3_server: S3Server, s3_bucket: str,
                                                     other: S3Store) -> None:
     await asyncio.gather(*(other.create_lease(make_lease(shard=s)) for s in range(25)))
     paged = s3_store(s3_server, s3_bucket, page_size=10)
+    counted = count_requests(paged)
     try:
         listed = await paged.list_leases(CLUSTER)
         assert sorted(listed) == list(range(25))
-        assert dict(paged.requests) == {"list": 3, "get": 25}
+        assert dict(counted) == {"list": 3, "get": 25}
     finally:
         await paged.aclose()
 
 
 async def test_listing_heartbeats_is_one_request_and_fetches_nothing(
-        store: S3Store, other: S3Store) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     for n in range(10):
         await other.put_heartbeat(make_heartbeat(f"node-{n}"))
-    fresh_counts(store)
+    counted.clear()
     beats = await store.list_heartbeats(CLUSTER)
     assert sorted(beats) == sorted(f"node-{n}" for n in range(10))
-    assert dict(store.requests) == {"list": 1}
+    assert dict(counted) == {"list": 1}
 
 
 async def test_gets_run_concurrently_but_no_more_than_the_bound(
@@ -317,9 +322,10 @@ async def settled(store: S3Store) -> None:
         await store.marks_settled()
 
 
-def leases_listed(store: S3Store) -> int:
-    """How many listings of the leases `store` made (it lists nothing else here)."""
-    return store.requests["list"]
+def leases_listed(counted: RequestCounter) -> int:
+    """How many listings of the leases the store counted made (it lists nothing
+    else here)."""
+    return counted["list"]
 
 
 async def quiet_reader(reader: S3Store) -> dict[int, Stored[Lease]]:
@@ -343,22 +349,23 @@ async def node_mode_cluster(holder: S3Store, shards: int = 8) -> dict[int, str]:
 
 
 async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after_its_mark(
-        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
+        s3_bucket: str) -> None:
     versions = await node_mode_cluster(other)
     assert await store.list_heartbeats(CLUSTER) == {}
     first = await store.list_leases(CLUSTER)
     assert sorted(first) == list(range(8))
     # Everything was new to the first listing: a second one (and a HEAD of
     # the marker) makes sure the leases are at rest.
-    fresh_counts(store)
+    counted.clear()
     assert await store.list_leases(CLUSTER) == first
-    assert dict(store.requests) == {"get": 1, "list": 1}
+    assert dict(counted) == {"get": 1, "list": 1}
 
     # Nothing moved: the marker's ETag (a HEAD here) says so, and the answer
     # is the same entries, without a listing.
-    fresh_counts(store)
+    counted.clear()
     second = await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"get": 1}
+    assert dict(counted) == {"get": 1}
     assert second == first and all(second[s] is first[s] for s in first)
 
     # node-b frees shard 3 and claims shard 9: each write is followed by a mark.
@@ -370,57 +377,58 @@ async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after
     await store.list_leases(CLUSTER)  # may be before the mark landed: either answer
     await settled(other)
     assert marker_etag(s3_server, s3_bucket) != before
-    fresh_counts(store)
+    counted.clear()
     third = await store.list_leases(CLUSTER)
-    assert leases_listed(store) == 1
+    assert leases_listed(counted) == 1
     assert third[3].record == freed and third[9].record == claim
     assert all(third[s] is first[s] for s in first if s != 3), "unchanged: not fetched again"
 
     # Quiet again: once a listing found no move, answered from it.
     assert await store.list_leases(CLUSTER) == third
-    fresh_counts(store)
+    counted.clear()
     assert await store.list_leases(CLUSTER) == third
-    assert leases_listed(store) == 0
+    assert leases_listed(counted) == 0
 
 
 async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_lease(
-        store: S3Store, other: S3Store) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     await node_mode_cluster(other)
     await other.create_epoch(make_epoch("node-b", "e1"))
     await quiet_reader(store)
     for _ in range(3):  # a node-mode round: the three listings at once, in the loop's order
-        fresh_counts(store)
+        counted.clear()
         beats, epochs, _leases = await asyncio.gather(
             store.list_heartbeats(CLUSTER), store.list_epochs(CLUSTER),
             store.list_leases(CLUSTER))
         assert beats == {}
         assert list(epochs) == [("node-b", "e1")], "the marker is no epoch"
-        assert dict(store.requests) == {"list": 2}, "heartbeats and epochs, no lease listing"
+        assert dict(counted) == {"list": 2}, "heartbeats and epochs, no lease listing"
     # A heartbeat listing under way leaves the last one's word standing.
-    fresh_counts(store)
+    counted.clear()
     await asyncio.gather(store.list_leases(CLUSTER), store.list_heartbeats(CLUSTER))
-    assert dict(store.requests) == {"get": 1, "list": 1}, "a HEAD, and the heartbeats"
+    assert dict(counted) == {"get": 1, "list": 1}, "a HEAD, and the heartbeats"
 
 
 async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_change(
-        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
+        s3_bucket: str) -> None:
     await node_mode_cluster(other)
     await quiet_reader(store)
     # A hand edit puts no mark: the safety net finds it.
     hand = make_lease(shard=2, owner="node-z", generation=7, renewal="node")
     s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2),
                                   Body=encode(hand))
-    fresh_counts(store)
+    counted.clear()
     calls = 0
     while (await store.list_leases(CLUSTER))[2].record != hand:
         calls += 1
         assert calls < FULL_LIST_EVERY
-    assert leases_listed(store) == 1
+    assert leases_listed(counted) == 1
     await store.list_leases(CLUSTER)  # (it found a change: listed again)
-    fresh_counts(store)
+    counted.clear()
     for _ in range(2 * FULL_LIST_EVERY):
         await store.list_leases(CLUSTER)
-    assert leases_listed(store) == 2
+    assert leases_listed(counted) == 2
 
 
 async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Store) -> None:
@@ -434,7 +442,8 @@ async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Stor
 
 
 async def test_a_refused_write_marks_too_and_voids_the_writers_view(
-        store: S3Store, other: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
+        s3_bucket: str) -> None:
     versions = await node_mode_cluster(other)
     listed = await quiet_reader(store)
     before = marker_etag(s3_server, s3_bucket)
@@ -443,9 +452,9 @@ async def test_a_refused_write_marks_too_and_voids_the_writers_view(
         await store.create_lease(make_lease(shard=0, owner="node-a"))
     await settled(store)
     assert marker_etag(s3_server, s3_bucket) != before
-    fresh_counts(store)
+    counted.clear()
     assert await store.list_leases(CLUSTER) == listed
-    assert leases_listed(store) == 1
+    assert leases_listed(counted) == 1
     assert listed[0].version == versions[0]
 
 
@@ -478,51 +487,51 @@ async def test_a_shard_mode_renewal_puts_no_mark_and_anything_else_does(
 
 
 async def test_shard_mode_leases_or_a_beating_peer_make_every_call_list(
-        store: S3Store, other: S3Store) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     await node_mode_cluster(other)
     shard_mode = make_lease(shard=20, owner="node-c", generation=1)  # renewed in place
     version = await other.create_lease(shard_mode)
     await settled(other)
     await store.list_heartbeats(CLUSTER)
     await store.list_leases(CLUSTER)
-    fresh_counts(store)
+    counted.clear()
     for _ in range(3):
         await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 3}, "no HEAD either: it would not be used"
+    assert dict(counted) == {"list": 3}, "no HEAD either: it would not be used"
 
     # Freed (a mark): the cluster is quiet again once a listing found no move...
     await other.update_lease(rewrite(shard_mode, owner=None), version)
     await settled(other)
     await store.list_leases(CLUSTER)
     await store.list_leases(CLUSTER)
-    fresh_counts(store)
+    counted.clear()
     await store.list_leases(CLUSTER)
-    assert leases_listed(store) == 0
+    assert leases_listed(counted) == 0
     # ...until a peer heartbeats: it may run a version that puts no marks.
     for seq in range(QUIET_LISTINGS + 1):
         await other.put_heartbeat(make_heartbeat("node-old", seq=seq))
         await store.list_heartbeats(CLUSTER)
-        fresh_counts(store)
+        counted.clear()
         await store.list_leases(CLUSTER)
-        assert leases_listed(store) == 1, seq
+        assert leases_listed(counted) == 1, seq
     # A heartbeat left unchanged over QUIET_LISTINGS listings is nobody's.
     for _ in range(QUIET_LISTINGS - 1):
         await store.list_heartbeats(CLUSTER)
         await store.list_leases(CLUSTER)
     await store.list_heartbeats(CLUSTER)
     await store.list_leases(CLUSTER)
-    fresh_counts(store)
+    counted.clear()
     await store.list_leases(CLUSTER)
-    assert leases_listed(store) == 0
+    assert leases_listed(counted) == 0
 
 
 async def test_a_reader_that_never_listed_the_heartbeats_always_lists_the_leases(
-        store: S3Store, other: S3Store) -> None:
+        store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     """`shardlease owners` and any one-shot reader see the truth."""
     await node_mode_cluster(other)
     for _ in range(3):
         await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 3, "get": 8}, "8 GETs, the first time"
+    assert dict(counted) == {"list": 3, "get": 8}, "8 GETs, the first time"
 
 
 async def test_closing_a_store_puts_the_marks_it_owes(
@@ -536,7 +545,7 @@ async def test_closing_a_store_puts_the_marks_it_owes(
 
 
 async def test_an_empty_record_is_judged_from_the_listing_and_an_oversize_one_read_bounded(
-        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+        store: S3Store, counted: RequestCounter, s3_server: S3Server, s3_bucket: str) -> None:
     client = s3_server.client()
     big = (encode(make_lease(shard=1, generation=31))[:-1]
            + b', "pad": "' + b"x" * 1_000_000 + b'"}')
@@ -544,13 +553,13 @@ async def test_an_empty_record_is_judged_from_the_listing_and_an_oversize_one_re
     client.put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2), Body=b"")
     listed = await store.list_leases(CLUSTER)
     # The oversize one is fetched once, its first bytes only, for its generation.
-    assert dict(store.requests) == {"list": 1, "get": 1}
+    assert dict(counted) == {"list": 1, "get": 1}
     assert listed[1].record is None and f"{len(big)} bytes" in (listed[1].error or "")
     assert listed[1].generation == 31
     assert listed[2].record is None and listed[2].error
     assert listed[1].version and listed[2].version
     await store.list_leases(CLUSTER)
-    assert dict(store.requests) == {"list": 2, "get": 1}, "not read again while unchanged"
+    assert dict(counted) == {"list": 2, "get": 1}, "not read again while unchanged"
 
 
 async def test_a_get_reads_a_bounded_range_and_refuses_an_oversize_record(
@@ -742,10 +751,10 @@ def stub_any() -> Any:
 
 
 async def test_check_passes_on_moto_and_leaves_nothing_behind(
-        store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
+        store: S3Store, counted: RequestCounter, s3_server: S3Server, s3_bucket: str) -> None:
     await store.check()
     assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
-    assert dict(store.requests) == {"list": 2, "get": 1, "put": 5, "delete": 2}
+    assert dict(counted) == {"list": 2, "get": 1, "put": 5, "delete": 2}
 
 
 class LossyProxy(BaseHTTPRequestHandler):
@@ -1010,6 +1019,7 @@ async def test_server_errors_are_retried_a_few_times_then_a_store_error(
     endpoint, handler = stub_s3
     handler.fail_with = 500
     store = S3Store("bucket", "p", endpoint_url=endpoint, path_style=True)
+    counted = count_requests(store)
     try:
         with pytest.raises(StoreError) as failed:
             await store.list_leases(CLUSTER)
@@ -1018,7 +1028,7 @@ async def test_server_errors_are_retried_a_few_times_then_a_store_error(
     assert not isinstance(failed.value, Conflict)
     assert "InternalError" in str(failed.value) and "500" in str(failed.value)
     assert handler.seen == ["GET"] * 3
-    assert dict(store.requests) == {"list": 3}
+    assert dict(counted) == {"list": 3}
 
 
 async def test_an_endpoint_that_is_not_s3_is_reported_as_answering_200_not_500(

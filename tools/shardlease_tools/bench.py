@@ -10,8 +10,8 @@
 3. Store requests per node per round, in the steady state (every shard owned,
    nothing moving), for 64, 256 and 1024 shards on each store available here:
    memory, file, and S3 on moto's server when moto is installed. Requests are
-   counted by the stores themselves (`LeaseStore.requests`: one per backend
-   call, or per HTTP request for S3).
+   counted where the stores make them (`shardlease.stores.requests`: one per
+   backend call, or per HTTP request for S3).
 3b. Ordinary faults, in the simulation: self-fences with a slow store (every
    call but lease writes 3 intervals late; every call of one node 0.3 x TTL
    late; 30% of one node's calls failing like a 503), rounds until a shard
@@ -54,6 +54,7 @@ from shardlease.errors import ShardleaseError
 from shardlease.loop import PlacementLoop
 from shardlease.options import Options
 from shardlease.stores.base import LeaseStore
+from shardlease.stores.requests import count_requests
 from shardlease.telemetry import (
     Claim,
     Event,
@@ -600,6 +601,7 @@ class _Meter:
     def __init__(self, placement: PlacementLoop, rounds: int) -> None:
         self.placement = placement
         self.rounds = rounds
+        self.requests = count_requests(placement.store)
         self.marks: list[tuple[Counter[str], float]] | None = None
         self.churn = 0
         self.progressed = asyncio.Event()
@@ -611,13 +613,13 @@ class _Meter:
                 self.churn += 1
         elif isinstance(event, Round) and event.node == self.placement.name:
             if self.marks is not None and not self.done():
-                self.marks.append((Counter(self.placement.store.requests), time.process_time()))
+                self.marks.append((Counter(self.requests), time.process_time()))
             self.progressed.set()
 
     def start(self) -> None:
         """Start measuring; call it right after one of the loop's rounds ended
         (nothing runs between rounds in the steady state)."""
-        self.marks = [(Counter(self.placement.store.requests), time.process_time())]
+        self.marks = [(Counter(self.requests), time.process_time())]
 
     def done(self) -> bool:
         return self.marks is not None and len(self.marks) > self.rounds
@@ -964,7 +966,7 @@ async def _stop_run(make_store: Callable[[], LeaseStore], shards: int, ttl: floa
         new_hosts = [TimedHost(close_latency) for _ in range(STOP_NODES)]
         new = [PlacementLoop(make_store(), h, _options(f"new{i}", shards, ttl, renewal))
                for i, h in enumerate(new_hosts)]
-        before = [Counter(p.store.requests) for p in old]
+        counted = [count_requests(p.store) for p in old]
         stopping, started = True, time.monotonic()
         tasks += [asyncio.create_task(p.run()) for p in new]
 
@@ -973,8 +975,7 @@ async def _stop_run(make_store: Callable[[], LeaseStore], shards: int, ttl: floa
             return time.monotonic() - started
 
         stop_s = await asyncio.wait_for(asyncio.gather(*(stop(p) for p in old)), 40 * ttl)
-        writes = [sum((p.store.requests - b)[k] for k in ("put", "delete"))
-                  for p, b in zip(old, before, strict=True)]
+        writes = [sum(c[k] for k in ("put", "delete")) for c in counted]
         reopened_s = None
         deadline = time.monotonic() + 20 * ttl
         while time.monotonic() < deadline:

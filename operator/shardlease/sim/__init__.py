@@ -47,8 +47,8 @@ gracefully (and is checked for what it left behind). `ScenarioResult` has:
   (from t=0), every join, leave and crash: time until the placement was
   balanced for good before the next fault (None if it was not), and that in
   rounds (ceil(seconds / interval));
-- `requests` (per node label, per kind list/get/put/delete, from
-  `store.requests`), `rounds` (per node), `requests_per_round` (per node),
+- `requests` (per node label, per kind list/get/put/delete, counted on its
+  store: `stores.requests`), `rounds` (per node), `requests_per_round` (per node),
   `request_times` (per node, the virtual time of every request) and
   `requests_between(node, t0, t1)`;
 - `counts`: claim, release, lost, self_fence, renew_failed, renew_slow, abandoned,

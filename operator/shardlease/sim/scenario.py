@@ -339,8 +339,8 @@ async def _scenario(
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",
         "overrun", "corrupt",
         "open_err", "close_err", "crash", "pause", "leave", "start", "left_behind"})
-    requests = {n.label: dict(n.store.requests) for n in world.nodes}
-    per_round = {n.label: sum(n.store.requests.values()) / world.rounds[n.label]
+    requests = {n.label: dict(n.requests) for n in world.nodes}
+    per_round = {n.label: sum(n.requests.values()) / world.rounds[n.label]
                  for n in world.nodes if world.rounds.get(n.label)}
     return ScenarioResult(
         seed=seed, nodes=nodes, shards=shards, lease_ttl=ttl, interval=interval_s,

@@ -59,6 +59,7 @@ from shardlease.sim.faults import Hints, HostFault, StoreFault
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
 from shardlease.stores.base import LeaseStore
 from shardlease.stores.memory import MemoryBackend, MemoryStore
+from shardlease.stores.requests import RequestObservers, count_requests
 from shardlease.telemetry import (
     Claim,
     Closed,
@@ -142,6 +143,8 @@ class SimNode:
         self.host_rng = random.Random(f"{world.seed}/{self.label}/host")
         self.hint_rng = random.Random(f"{world.seed}/{self.label}/hints")
         self.store = SimStore(world, self)
+        #: The store's requests by kind (the report's `requests`).
+        self.requests = count_requests(self.store)
         self.host = RecordingHost(world, self)
         self.telemetry = Telemetry()
         self.telemetry.subscribe(self._on_event)
@@ -252,11 +255,12 @@ class SimNode:
 
 
 class SimStore(LeaseStore):
-    """A node's view of the shared backend, with its faults. Counts requests
-    in `requests` like a real store."""
+    """A node's view of the shared backend, with its faults. Reports its
+    requests to `backend_requests` like a real store (`stores.requests`)."""
 
     def __init__(self, world: World, node: SimNode) -> None:
         super().__init__()
+        self.backend_requests = RequestObservers()
         self.world = world
         self.node = node
         self.inner = MemoryStore(world.backend, name="sim")
@@ -270,7 +274,7 @@ class SimStore(LeaseStore):
         return f"sim://{self.node.label}"
 
     async def _call(self, kind: str, method: str, op: Callable[[], Awaitable[T]]) -> T:
-        self._count(kind)
+        self.backend_requests.report(kind)
         self.times.append(self.world.now())
         node, rng = self.node, self.node.store_rng
         await node.gate()

@@ -5,6 +5,10 @@
 - `s3://bucket/prefix`: S3 or an S3-compatible server with conditional writes;
 - `kubernetes://NAMESPACE`: coordination.k8s.io/v1 Lease objects, read from a
   watch-fed cache (`?watch=0`: a LIST per read; `?watch_timeout=SECONDS`).
+
+Each store reports the backend requests it makes to observers, which the
+benchmark, the simulation and the tests attach (`stores.requests`); the
+interface has no counter.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ lease (a node started after the deletion) cannot know; nothing can.
 from __future__ import annotations
 
 import abc
-import collections
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -77,15 +76,9 @@ class LeaseStore(abc.ABC):
     """
 
     def __init__(self) -> None:
-        #: Backend requests made, by kind ("list", "get", "put", ...): for the
-        #: metrics and the benchmark's requests per round.
-        self.requests: collections.Counter[str] = collections.Counter()
         #: (cluster, shard) -> the last entry seen of each lease that was held
         #: or corrupt, to report it if it vanishes (see the module doc).
         self._last_held: dict[tuple[str, int], Stored[Lease]] = {}
-
-    def _count(self, kind: str, n: int = 1) -> None:
-        self.requests[kind] += n
 
     @abc.abstractmethod
     def describe(self) -> str:

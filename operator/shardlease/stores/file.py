@@ -61,6 +61,7 @@ from shardlease.records import (
     stored_lease,
 )
 from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.requests import RequestObservers
 
 _SUFFIX = ".json"
 _TMP_PREFIX = ".tmp-"
@@ -126,6 +127,8 @@ class FileStore(LeaseStore):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         super().__init__()
+        #: Told of every backend request this store makes (`stores.requests`).
+        self.backend_requests = RequestObservers()
         self.root = Path(os.path.abspath(os.fspath(root)))
 
     def describe(self) -> str:
@@ -509,50 +512,50 @@ class FileStore(LeaseStore):
         await asyncio.to_thread(self._check_readable)
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        self._count("list")
+        self.backend_requests.report("list")
         return self._observed_all(cluster, await asyncio.to_thread(self._list_leases, cluster))
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        self._count("get")
+        self.backend_requests.report("get")
         return self._observed_one(
             cluster, shard, await asyncio.to_thread(self._get_lease, cluster, shard))
 
     async def create_lease(self, lease: Lease) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         return await asyncio.to_thread(self._swap_lease, lease, None)
 
     async def update_lease(self, lease: Lease, version: str) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         return await asyncio.to_thread(self._swap_lease, lease, version)
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
-        self._count("list")
+        self.backend_requests.report("list")
         return await asyncio.to_thread(self._list_heartbeats, cluster)
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
-        self._count("put")
+        self.backend_requests.report("put")
         await asyncio.to_thread(self._put_heartbeat, heartbeat)
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
-        self._count("delete")
+        self.backend_requests.report("delete")
         await asyncio.to_thread(self._delete_heartbeat, cluster, node)
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
-        self._count("list")
+        self.backend_requests.report("list")
         return await asyncio.to_thread(self._list_epochs, cluster)
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
-        self._count("get")
+        self.backend_requests.report("get")
         return await asyncio.to_thread(self._get_epoch, cluster, node, epoch)
 
     async def create_epoch(self, record: Epoch) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         return await asyncio.to_thread(self._swap_epoch, record, None)
 
     async def update_epoch(self, record: Epoch, version: str) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         return await asyncio.to_thread(self._swap_epoch, record, version)
 
     async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
-        self._count("delete")
+        self.backend_requests.report("delete")
         await asyncio.to_thread(self._delete_epoch, cluster, node, epoch)

@@ -21,6 +21,7 @@ from shardlease.records import (
     stored_lease,
 )
 from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.requests import RequestObservers
 
 
 @dataclass
@@ -47,6 +48,8 @@ def named_backend(name: str) -> MemoryBackend:
 class MemoryStore(LeaseStore):
     def __init__(self, backend: MemoryBackend | None = None, name: str = "") -> None:
         super().__init__()
+        #: Told of every backend request this store makes (`stores.requests`).
+        self.backend_requests = RequestObservers()
         self.backend = backend if backend is not None else MemoryBackend()
         self.name = name
         self._decoded: dict[tuple[str, int], Stored[Lease]] = {}
@@ -55,7 +58,7 @@ class MemoryStore(LeaseStore):
         return f"memory://{self.name}"
 
     async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        self._count("list")
+        self.backend_requests.report("list")
         found: dict[int, Stored[Lease]] = {}
         for (c, shard), (version, data) in sorted(self.backend.leases.items()):
             if c != cluster:
@@ -69,14 +72,14 @@ class MemoryStore(LeaseStore):
         return self._observed_all(cluster, found)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
-        self._count("get")
+        self.backend_requests.report("get")
         found = self.backend.leases.get((cluster, shard))
         return self._observed_one(
             cluster, shard,
             None if found is None else stored_lease(found[1], found[0], cluster, shard))
 
     async def create_lease(self, lease: Lease) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         key = (lease.cluster, lease.shard)
         if key in self.backend.leases:
             raise Conflict(f"lease {lease.cluster}/{lease.shard} exists")
@@ -85,7 +88,7 @@ class MemoryStore(LeaseStore):
         return version
 
     async def update_lease(self, lease: Lease, version: str) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         key = (lease.cluster, lease.shard)
         found = self.backend.leases.get(key)
         if found is None or found[0] != version:
@@ -95,20 +98,20 @@ class MemoryStore(LeaseStore):
         return new
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
-        self._count("list")
+        self.backend_requests.report("list")
         return {node: v for (c, node), (v, _) in self.backend.heartbeats.items() if c == cluster}
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
-        self._count("put")
+        self.backend_requests.report("put")
         self.backend.heartbeats[(heartbeat.cluster, heartbeat.node)] = (
             self.backend.next_version(), encode(heartbeat))
 
     async def delete_heartbeat(self, cluster: str, node: str) -> None:
-        self._count("delete")
+        self.backend_requests.report("delete")
         self.backend.heartbeats.pop((cluster, node), None)
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
-        self._count("list")
+        self.backend_requests.report("list")
         found = {(node, epoch): (v, data)
                  for (c, node, epoch), (v, data) in self.backend.epochs.items() if c == cluster}
         return EpochListing({key: v for key, (v, _) in found.items()},
@@ -116,12 +119,12 @@ class MemoryStore(LeaseStore):
                                       if _ended(data, cluster, *key)))
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
-        self._count("get")
+        self.backend_requests.report("get")
         found = self.backend.epochs.get((cluster, node, epoch))
         return None if found is None else stored_epoch(found[1], found[0], cluster, node, epoch)
 
     async def create_epoch(self, record: Epoch) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         key = (record.cluster, record.node, record.epoch)
         if key in self.backend.epochs:
             raise Conflict(f"epoch {'/'.join(key)} exists")
@@ -130,7 +133,7 @@ class MemoryStore(LeaseStore):
         return version
 
     async def update_epoch(self, record: Epoch, version: str) -> str:
-        self._count("put")
+        self.backend_requests.report("put")
         key = (record.cluster, record.node, record.epoch)
         found = self.backend.epochs.get(key)
         if found is None or found[0] != version:
@@ -140,7 +143,7 @@ class MemoryStore(LeaseStore):
         return new
 
     async def delete_epoch(self, cluster: str, node: str, epoch: str) -> None:
-        self._count("delete")
+        self.backend_requests.report("delete")
         self.backend.epochs.pop((cluster, node, epoch), None)
 
     def put_raw_lease(self, cluster: str, shard: int, data: bytes) -> None:

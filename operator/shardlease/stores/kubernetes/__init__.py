@@ -56,8 +56,9 @@ when the answer arrived) are skipped until the write's own event arrives, so
 the cache never shows an object older than what this store wrote; later
 events win. resourceVersions are only ever compared for equality.
 
-Requests are counted by kind: `list` (each LIST page), `watch` (each watch
-opened), `get`, `put`, `delete`; watch events and bookmarks are not requests.
+Requests are reported by kind (`stores.requests`): `list` (each LIST page),
+`watch` (each watch opened), `get`, `put`, `delete`; watch events and
+bookmarks are not requests.
 Decoded records are kept by resourceVersion: a LIST or an event decodes only
 the objects whose version changed.
 

@@ -63,6 +63,7 @@ from shardlease.stores.kubernetes.informer import (
     Informer,
     _View,
 )
+from shardlease.stores.requests import RequestObservers
 
 logger = logging.getLogger("shardlease.store.kubernetes")
 
@@ -72,6 +73,8 @@ class KubernetesStore(LeaseStore):
                  kubeconfig: str | None = None, timeout: float = 10.0, watch: bool = True,
                  watch_timeout: float = WATCH_TIMEOUT) -> None:
         super().__init__()
+        #: Told of every backend request this store makes (`stores.requests`).
+        self.backend_requests = RequestObservers()
         if not _DNS_LABEL.match(namespace) or len(namespace) > 63:
             raise ConfigError(f"kubernetes store: {namespace!r} is not a namespace name")
         if not (math.isfinite(watch_timeout) and watch_timeout >= 1):
@@ -149,7 +152,7 @@ class KubernetesStore(LeaseStore):
     async def _request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
                        body: Any = None, kind: str) -> tuple[int, dict[str, Any]]:
         api = await self._client()
-        self._count(kind)
+        self.backend_requests.report(kind)
         content_type = ("application/merge-patch+json" if method == "PATCH"
                         else "application/json")
         try:
@@ -246,7 +249,7 @@ class KubernetesStore(LeaseStore):
         query = [("watch", "1"), ("labelSelector", self._selector(cluster)),
                  ("resourceVersion", version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(int(self.watch_timeout)))]
-        self._count("watch")
+        self.backend_requests.report("watch")
         # No total timeout (the server ends the watch), but a read that waits
         # longer than the staleness bound means the connection is dead.
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout,

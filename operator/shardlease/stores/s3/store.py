@@ -39,6 +39,7 @@ from shardlease.records import (
     stored_lease,
 )
 from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.requests import RequestObservers
 from shardlease.stores.s3.cache import (
     _NO_MARKER,
     FULL_LIST_EVERY,
@@ -122,6 +123,8 @@ class S3Store(LeaseStore):
         conflict_attempts: int = 4,
     ) -> None:
         super().__init__()
+        #: Told of every backend request this store makes (`stores.requests`).
+        self.backend_requests = RequestObservers()
         if not _BUCKET.match(bucket):
             raise ConfigError(f"invalid S3 bucket name {bucket!r}: use {URL_FORM}")
         self.bucket = bucket
@@ -275,7 +278,7 @@ class S3Store(LeaseStore):
 
     def _on_send(self, event_name: str = "", **_: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
-        self._count(_KINDS.get(operation, operation.lower()))
+        self.backend_requests.report(_KINDS.get(operation, operation.lower()))
 
     def retried_by_caller(self) -> None:
         """One attempt per request from now on. botocore's standard retries

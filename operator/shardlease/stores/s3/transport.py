@@ -17,7 +17,7 @@ from shardlease.errors import StoreError
 
 T = TypeVar("T")
 
-#: Where S3 request names land in `LeaseStore.requests`.
+#: The request kind each S3 operation is reported as (`stores.requests`).
 _KINDS = {
     "ListObjectsV2": "list",
     "GetObject": "get",
