@@ -465,7 +465,14 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
         logs = cluster.kubectl("logs", "-n", ns, name, "-c", "shardlease-agent").stdout
         said = [ln for ln in logs.splitlines() if "ready: " in ln]
         assert said, f"{name}'s agent never logged that it was ready:\n{logs[-2000:]}"
-        print(f"[pods] {policy}: {name}'s agent: {said[0][said[0].index('ready: '):][:160]}")
+        # The agent is its container's first process: its resident memory
+        # in the image, with the pod's shards open.
+        proc = cluster.kubectl("exec", "-n", ns, name, "-c", "shardlease-agent", "--",
+                               "cat", "/proc/1/status").stdout
+        rss = [int(ln.split()[1]) / 1024 for ln in proc.splitlines() if ln.startswith("VmRSS:")]
+        assert rss, proc
+        print(f"[pods] {policy}: {name}'s agent: {rss[0]:.1f} MB resident; "
+              f"{said[0][said[0].index('ready: '):][:200]}")
     table = cluster.kubectl("get", "shardsets", "-n", ns).stdout
     assert "shardapp" in table and "True" in table, table
     # No annotation: node renewal, the default.
