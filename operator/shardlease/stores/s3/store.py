@@ -9,19 +9,11 @@ import logging
 import os
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from botocore.config import Config  # type: ignore[import-untyped]
-from botocore.exceptions import (  # type: ignore[import-untyped]
-    BotoCoreError,
-    ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-)
 from botocore.handlers import (  # type: ignore[import-untyped]
     _handle_200_error,
     add_expect_header,
@@ -59,12 +51,13 @@ from shardlease.stores.s3.keys import (
 from shardlease.stores.s3.probe import probe
 from shardlease.stores.s3.transport import (
     _KINDS,
-    _NOT_S3,
+    Where,
     _all,
     _mark_not_s3,
     _S3Failure,
     _session,
     _total_size,
+    guarded,
     read_at_most,
 )
 from shardlease.stores.s3.url import (
@@ -321,57 +314,9 @@ class S3Store(LeaseStore):
 
     async def _guard(self, operation: str, key: str,
                      call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            async with asyncio.timeout(self._deadline):
-                return await call()
-        except TimeoutError:
-            raise _S3Failure(
-                f"the S3 endpoint {self._endpoint()} did not answer {operation} "
-                f"{self._url(key)} within {self._deadline:g} s") from None
-        except ClientError as e:
-            raise self._refusal(operation, key, e) from None
-        except (EndpointConnectionError, ConnectTimeoutError) as e:
-            raise _S3Failure(
-                f"cannot reach the S3 endpoint {self._endpoint()} "
-                f"({operation} {self._url(key)}): {e}") from None
-        except NoCredentialsError:
-            raise _S3Failure(
-                f"no AWS credentials for the S3 endpoint {self._endpoint()}: set "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role") from None
-        except ReadTimeoutError as e:
-            raise _S3Failure(
-                f"the S3 endpoint {self._endpoint()} did not answer in time "
-                f"({operation} {self._url(key)}): {e}") from None
-        except (BotoCoreError, OSError) as e:
-            raise _S3Failure(
-                f"S3 {operation} {self._url(key)} at {self._endpoint()} failed: "
-                f"{type(e).__name__}: {e}") from None
-
-    def _refusal(self, operation: str, key: str, e: ClientError) -> _S3Failure:
-        error: Mapping[str, Any] = e.response.get("Error", {})
-        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        code = str(error.get("Code") or status)
-        message = str(error.get("Message") or "")
-        where = f"{operation} {self._url(key)} at {self._endpoint()}"
-        headers: Mapping[str, Any] = e.response.get("ResponseMetadata", {}).get(
-            "HTTPHeaders", {}) or {}
-        not_s3 = headers.get(_NOT_S3)
-        if not_s3:
-            return _S3Failure(
-                f"the endpoint {self._endpoint()} does not look like S3: it answered "
-                f"{operation} {self._url(key)} with HTTP 200 and {not_s3}, not an S3 "
-                "response; check the endpoint URL",
-                code="NotS3", status=200)
-        if code == "NoSuchBucket":
-            text = (f"the bucket {self.bucket!r} does not exist at the S3 endpoint "
-                    f"{self._endpoint()} ({where}): create it first")
-        elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                      "ExpiredToken", "InvalidToken"):
-            text = (f"S3 refused {where}: {code} (HTTP {status}): {message}; "
-                    "check the credentials and the bucket policy")
-        else:
-            text = f"S3 {where} failed: {code} (HTTP {status}){': ' if message else ''}{message}"
-        return _S3Failure(text, code=code, status=status)
+        return await guarded(call, self._deadline, Where(
+            operation=operation, url=self._url(key), endpoint=self._endpoint(),
+            bucket=self.bucket))
 
     # -- reading -------------------------------------------------------------------------
 

@@ -1,14 +1,25 @@
-"""The S3 store's transport: the aiobotocore session and its hooks, the
-errors it maps, bounded reads, request kinds."""
+"""The S3 store's transport: the aiobotocore session and its hooks, what
+its errors mean (`guarded`: every failure of a call as one `_S3Failure`
+whose message names the operation, the object and the endpoint), bounded
+reads, request kinds."""
 
 from __future__ import annotations
 
 import asyncio
 import collections.abc
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiobotocore.session import get_session  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 from botocore.handlers import (  # type: ignore[import-untyped]
     _handle_200_error,
 )
@@ -37,6 +48,75 @@ class _S3Failure(StoreError):
         super().__init__(message)
         self.code = code
         self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """What a failed call's message names: the S3 operation, the object's
+    URL (no secrets), the endpoint, and the bucket."""
+
+    operation: str
+    url: str
+    endpoint: str
+    bucket: str
+
+
+async def guarded(call: Callable[[], Awaitable[T]], deadline: float, where: Where) -> T:
+    """`call()` within `deadline` seconds; every way it can fail (no answer,
+    a refusal, no route, no credentials) raised as one `_S3Failure` whose
+    message says what to check."""
+    op, url, endpoint = where.operation, where.url, where.endpoint
+    try:
+        async with asyncio.timeout(deadline):
+            return await call()
+    except TimeoutError:
+        raise _S3Failure(
+            f"the S3 endpoint {endpoint} did not answer {op} {url} within {deadline:g} s"
+        ) from None
+    except ClientError as e:
+        raise refusal(e, where) from None
+    except (EndpointConnectionError, ConnectTimeoutError) as e:
+        raise _S3Failure(f"cannot reach the S3 endpoint {endpoint} ({op} {url}): {e}") from None
+    except NoCredentialsError:
+        raise _S3Failure(
+            f"no AWS credentials for the S3 endpoint {endpoint}: set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role") from None
+    except ReadTimeoutError as e:
+        raise _S3Failure(
+            f"the S3 endpoint {endpoint} did not answer in time ({op} {url}): {e}") from None
+    except (BotoCoreError, OSError) as e:
+        raise _S3Failure(
+            f"S3 {op} {url} at {endpoint} failed: {type(e).__name__}: {e}") from None
+
+
+def refusal(e: ClientError, where: Where) -> _S3Failure:
+    """What an S3 error answer means, as a `_S3Failure` (its code and HTTP
+    status kept for the callers that tell a lost race from a failure)."""
+    error: Mapping[str, Any] = e.response.get("Error", {})
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    code = str(error.get("Code") or status)
+    message = str(error.get("Message") or "")
+    endpoint = where.endpoint
+    at = f"{where.operation} {where.url} at {endpoint}"
+    headers: Mapping[str, Any] = e.response.get("ResponseMetadata", {}).get(
+        "HTTPHeaders", {}) or {}
+    not_s3 = headers.get(_NOT_S3)
+    if not_s3:
+        return _S3Failure(
+            f"the endpoint {endpoint} does not look like S3: it answered "
+            f"{where.operation} {where.url} with HTTP 200 and {not_s3}, not an S3 "
+            "response; check the endpoint URL",
+            code="NotS3", status=200)
+    if code == "NoSuchBucket":
+        text = (f"the bucket {where.bucket!r} does not exist at the S3 endpoint "
+                f"{endpoint} ({at}): create it first")
+    elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                  "ExpiredToken", "InvalidToken"):
+        text = (f"S3 refused {at}: {code} (HTTP {status}): {message}; "
+                "check the credentials and the bucket policy")
+    else:
+        text = f"S3 {at} failed: {code} (HTTP {status}){': ' if message else ''}{message}"
+    return _S3Failure(text, code=code, status=status)
 
 
 #: botocore's data loader (service models, endpoint rules), shared by the
