@@ -55,30 +55,37 @@ def import_seconds() -> float:
     return time.monotonic() - t0
 
 
+async def recording_db(api_client: client.ApiClient, ns: str, shards: int) -> RecordingApp:
+    """ShardSet `db` of `shards` shards with its one pod `db-0` Ready, and the
+    recording application its agent opens them on (started)."""
+    await shardset_for(api_client, ns, "db", shards=shards, replicas=1, leaseTTL=15.0)
+    await ready_pods(api_client, ns, ["db-0"], {"app": "db"})
+    app = RecordingApp("db-0", [])
+    await app.start()
+    return app
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("shards", [64, 1024])
 async def test_an_agents_memory_and_time_to_ready(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path,
         shards: int) -> None:
     ns = namespace
-    await shardset_for(api_client, ns, "db", shards=shards, replicas=1, leaseTTL=15.0)
-    await ready_pods(api_client, ns, ["db-0"], {"app": "db"})
-    calls: list[dict[str, object]] = []
-    app = RecordingApp("db-0", calls)
-    await app.start()
+    app = await recording_db(api_client, ns, shards)
     port = free_port()
     started = time.monotonic()
     proc = spawn("agent", ["agent", "--shardset", "db", "--namespace", ns, "--name", "db-0",
                            "--port", str(port), "--host-url", f"http://127.0.0.1:{app.port}"],
                  tmp_path, env={"KUBECONFIG": kubeconfig})
     try:
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        while not await asyncio.to_thread(ready):
+        while not await asyncio.to_thread(_ready, port):
             assert proc.popen.poll() is None, proc.tail()
             assert time.monotonic() - started < 120, proc.tail()
             await asyncio.sleep(0.05)
@@ -104,14 +111,6 @@ async def test_an_agents_memory_and_time_to_ready(
         await app.stop()
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("shards", [64, 1024])
 async def test_an_agents_memory_and_time_to_ready_in_the_runtime_image(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path,
@@ -121,11 +120,7 @@ async def test_an_agents_memory_and_time_to_ready_in_the_runtime_image(
                     pytrace=False)
     clmod = _load_cluster()
     ns = namespace
-    await shardset_for(api_client, ns, "db", shards=shards, replicas=1, leaseTTL=15.0)
-    await ready_pods(api_client, ns, ["db-0"], {"app": "db"})
-    calls: list[dict[str, object]] = []
-    app = RecordingApp("db-0", calls)
-    await app.start()
+    app = await recording_db(api_client, ns, shards)
     # The image runs as uid 65532: a readable copy of the admin kubeconfig.
     config = tmp_path / "kubeconfig"
     config.write_bytes(Path(kubeconfig).read_bytes())
