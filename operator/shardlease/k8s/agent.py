@@ -86,15 +86,21 @@ RETRY_FIRST, RETRY_MAX = 2.0, 60.0
 HOST_POLL = 0.5
 
 
-
-async def _say_ready(loop: PlacementLoop, checked: float, listening: float,
-                     age: float | None) -> None:
+async def _say_ready(loop: PlacementLoop, run: asyncio.Task[None], checked: float,
+                     listening: float, age: float | None) -> None:
     """Log once how long the loop took to be ready, from the store's answer
     (its start-up check) and the application listening (what the agent
     itself costs), and what came before: the process's start to the store's
     answer (`age`: interpreter, imports, login, the ShardSet), then the wait
-    for the application."""
-    await loop.ready.wait()
+    for the application. Nothing if the loop ends first (it failed, or a
+    new spec replaced it)."""
+    ready = asyncio.ensure_future(loop.ready.wait())
+    try:
+        await asyncio.wait({ready, run}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ready.cancel()
+    if not loop.ready.is_set():
+        return
     before = f"the store answered {age:.2f}s after the process started, " if age else ""
     logger.info("ready: %.2fs after the store answered and the application listened "
                 "(%sthe application listened %.2fs later)",
@@ -335,7 +341,7 @@ class Agent:
                 return  # stopping, or the ShardSet changed while we waited
             loop = PlacementLoop(store, host, options, peers=self.peers.names,
                                  telemetry=self.telemetry)
-            self._spawn(_say_ready(loop, checked, time.monotonic(), age), "ready")
+            listening = time.monotonic()
             # What was handed out before, in this store or one it replaced,
             # as the ShardSet's status tells and this agent saw: its claims
             # go above (the application refusing an old generation is the
@@ -346,6 +352,7 @@ class Agent:
             if not store.watches:
                 hints, unsubscribe = await self._start_hints(loop, options.cluster_name)
             task = asyncio.create_task(loop.run(), name="shardlease-loop")
+            self._spawn(_say_ready(loop, task, checked, listening, age), "ready")
             applied: ShardSetSpec | None = spec
             #: The spec in force (the last applied): what a stop's hold is read from.
             current = spec
