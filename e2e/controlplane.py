@@ -54,6 +54,10 @@ KIND_VERSION = "v0.33.0"
 #: kind v0.33.0's base image carries crictl v1.36.0; the module served here
 #: nearest it is v1.37.0 (its CRI API is the kubelet's, v1.37).
 CRICTL_VERSION = "v1.37.0"
+#: MinIO's client, for e2e/manifests/minio.yaml's bucket Job on kind (the
+#: image kind.sh names cannot be pulled here). Like MinIO it has no semver
+#: tags; this is the newest commit the Go proxy serves (it declares go 1.23.0).
+MC_VERSION = "v0.0.0-20250313080218-cf909e1063a9"
 
 K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
 
@@ -64,7 +68,7 @@ NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-p
                  "coredns")
 # What a kind cluster of our own needs beside those (issue 20, e2e/kind-plan.md):
 # built only when asked for.
-KIND_BINARIES = ("kubeadm", "kind", "crictl")
+KIND_BINARIES = ("kubeadm", "kind", "crictl", "mc")
 ALL_BINARIES = BINARIES + NODE_BINARIES + KIND_BINARIES
 
 
@@ -91,6 +95,7 @@ def versions() -> dict[str, str]:
         "kubeadm": K8S_VERSION,
         "kind": KIND_VERSION,
         "crictl": CRICTL_VERSION,
+        "mc": MC_VERSION,
     }
 
 
@@ -311,6 +316,7 @@ _BUILDERS = {
     "crictl": lambda log: _go_install(
         "crictl", f"sigs.k8s.io/cri-tools/cmd/crictl@{CRICTL_VERSION}",
         f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRICTL_VERSION}", log),
+    "mc": lambda log: _go_install("mc", f"github.com/minio/mc@{MC_VERSION}", "-s -w", log),
 }
 
 
