@@ -57,7 +57,7 @@ from shardlease.records import (
     encode_shards,
     new_write_id,
 )
-from shardlease.stores.base import VANISHED, Change, LeaseStore, ended_hints
+from shardlease.stores.base import VANISHED, Change, LeaseStore, Listed, ended_hints
 from shardlease.stores.requests import count_requests
 
 CLUSTER = "contract"
@@ -118,8 +118,9 @@ class LostAnswerStore(LeaseStore):
             self.lose_next = False
             raise StoreError("connection reset by peer (simulated lost answer)")
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        return await self.inner.list_leases(cluster)
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
+        return await self.inner.list_leases(cluster, seen=seen)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         return await self.inner.get_lease(cluster, shard)

@@ -172,7 +172,8 @@ async def test_a_move_mark_that_failed_is_put_again_and_the_move_is_then_seen(
         proxy: FaultProxy, store: S3Store, s3_server: S3Server, s3_bucket: str) -> None:
     reader = test_s3.s3_store(s3_server, s3_bucket)  # straight to the server
     try:
-        assert await test_s3.quiet_reader(reader) == {}
+        listed, seen = await test_s3.quiet_reader(reader)
+        assert listed == {}
         # Every marker PUT of the writer is refused (503); its lease writes land.
         proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put"})))
         claim = make_lease(0, owner="node-b", renewal="node")
@@ -181,14 +182,14 @@ async def test_a_move_mark_that_failed_is_put_again_and_the_move_is_then_seen(
         assert test_s3.marker_etag(s3_server, s3_bucket) is None
         # No mark landed: the reader's view stands (the claim is missed for now).
         counted = count_requests(reader)
-        assert await reader.list_leases(CLUSTER) == {}
+        assert await reader.list_leases(CLUSTER, seen=seen) == {}
         assert counted["list"] == 0
         proxy.set(Faults())
         async with asyncio.timeout(60):
             await store.marks_settled()
         assert test_s3.marker_etag(s3_server, s3_bucket) is not None
-        seen = await reader.list_leases(CLUSTER)
-        assert seen.keys() == {0} and seen[0].record == claim
+        found = await reader.list_leases(CLUSTER, seen=seen)
+        assert found.keys() == {0} and found[0].record == claim
     finally:
         await reader.aclose()
 

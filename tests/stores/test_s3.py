@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 from shardlease.errors import ConfigError, Conflict, StoreError, StoreUnsafe
 from shardlease.records import MAX_RECORD_BYTES, Lease, Stored, encode
 from shardlease.stores import open_store
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import LeaseStore, Listed
 from shardlease.stores.requests import RequestCounter, count_requests
 from shardlease.stores.s3 import FULL_LIST_EVERY, QUIET_LISTINGS, S3Store
 from tests.support.s3server import S3Server
@@ -328,14 +328,21 @@ def leases_listed(counted: RequestCounter) -> int:
     return counted["list"]
 
 
-async def quiet_reader(reader: S3Store) -> dict[int, Stored[Lease]]:
-    """Have `reader` list the heartbeats (nobody beats) and the leases twice:
-    the second listing finds nothing new, so it may answer from it next."""
-    assert await reader.list_heartbeats(CLUSTER) == {}
-    first = await reader.list_leases(CLUSTER)
-    again = await reader.list_leases(CLUSTER)
+async def told_beats(reader: S3Store) -> Listed:
+    """`reader`'s heartbeat listing, to tell its `list_leases` of."""
+    return Listed(heartbeats=await reader.list_heartbeats(CLUSTER))
+
+
+async def quiet_reader(reader: S3Store) -> tuple[dict[int, Stored[Lease]], Listed]:
+    """Have `reader` list the heartbeats (nobody beats) and the leases twice,
+    told of that listing: the second listing finds nothing new, so it may
+    answer from it next. The answer, and what to tell it from now on."""
+    seen = await told_beats(reader)
+    assert seen.heartbeats == {}
+    first = await reader.list_leases(CLUSTER, seen=seen)
+    again = await reader.list_leases(CLUSTER, seen=seen)
     assert again == first
-    return again
+    return again, seen
 
 
 async def node_mode_cluster(holder: S3Store, shards: int = 8) -> dict[int, str]:
@@ -352,19 +359,20 @@ async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after
         store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
         s3_bucket: str) -> None:
     versions = await node_mode_cluster(other)
-    assert await store.list_heartbeats(CLUSTER) == {}
-    first = await store.list_leases(CLUSTER)
+    seen = await told_beats(store)
+    assert seen.heartbeats == {}
+    first = await store.list_leases(CLUSTER, seen=seen)
     assert sorted(first) == list(range(8))
     # Everything was new to the first listing: a second one (and a HEAD of
     # the marker) makes sure the leases are at rest.
     counted.clear()
-    assert await store.list_leases(CLUSTER) == first
+    assert await store.list_leases(CLUSTER, seen=seen) == first
     assert dict(counted) == {"get": 1, "list": 1}
 
     # Nothing moved: the marker's ETag (a HEAD here) says so, and the answer
     # is the same entries, without a listing.
     counted.clear()
-    second = await store.list_leases(CLUSTER)
+    second = await store.list_leases(CLUSTER, seen=seen)
     assert dict(counted) == {"get": 1}
     assert second == first and all(second[s] is first[s] for s in first)
 
@@ -374,19 +382,19 @@ async def test_a_reader_lists_again_only_after_a_move_and_sees_it_the_call_after
     await other.update_lease(freed, versions[3])
     claim = make_lease(shard=9, owner="node-b", generation=1, renewal="node")
     await other.create_lease(claim)
-    await store.list_leases(CLUSTER)  # may be before the mark landed: either answer
+    await store.list_leases(CLUSTER, seen=seen)  # may be before the mark landed: either answer
     await settled(other)
     assert marker_etag(s3_server, s3_bucket) != before
     counted.clear()
-    third = await store.list_leases(CLUSTER)
+    third = await store.list_leases(CLUSTER, seen=seen)
     assert leases_listed(counted) == 1
     assert third[3].record == freed and third[9].record == claim
     assert all(third[s] is first[s] for s in first if s != 3), "unchanged: not fetched again"
 
     # Quiet again: once a listing found no move, answered from it.
-    assert await store.list_leases(CLUSTER) == third
+    assert await store.list_leases(CLUSTER, seen=seen) == third
     counted.clear()
-    assert await store.list_leases(CLUSTER) == third
+    assert await store.list_leases(CLUSTER, seen=seen) == third
     assert leases_listed(counted) == 0
 
 
@@ -394,18 +402,26 @@ async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_le
         store: S3Store, counted: RequestCounter, other: S3Store) -> None:
     await node_mode_cluster(other)
     await other.create_epoch(make_epoch("node-b", "e1"))
-    await quiet_reader(store)
-    for _ in range(3):  # a node-mode round: the three listings at once, in the loop's order
+    _, seen = await quiet_reader(store)
+    beats = seen.heartbeats
+
+    async def epochs_then_leases() -> dict[tuple[str, str], str]:
+        epochs = await store.list_epochs(CLUSTER)
+        await store.list_leases(CLUSTER, seen=Listed(epochs=epochs, heartbeats=beats))
+        return epochs
+
+    for _ in range(3):  # a node-mode round, as the loop makes it
         counted.clear()
-        beats, epochs, _leases = await asyncio.gather(
-            store.list_heartbeats(CLUSTER), store.list_epochs(CLUSTER),
-            store.list_leases(CLUSTER))
+        beats, epochs = await asyncio.gather(store.list_heartbeats(CLUSTER),
+                                             epochs_then_leases())
         assert beats == {}
         assert list(epochs) == [("node-b", "e1")], "the marker is no epoch"
         assert dict(counted) == {"list": 2}, "heartbeats and epochs, no lease listing"
-    # A heartbeat listing under way leaves the last one's word standing.
+    # Told of no epoch listing (a round without one), and a heartbeat
+    # listing under way: the last one's word stands.
     counted.clear()
-    await asyncio.gather(store.list_leases(CLUSTER), store.list_heartbeats(CLUSTER))
+    await asyncio.gather(store.list_leases(CLUSTER, seen=Listed(heartbeats=beats)),
+                         store.list_heartbeats(CLUSTER))
     assert dict(counted) == {"get": 1, "list": 1}, "a HEAD, and the heartbeats"
 
 
@@ -413,31 +429,31 @@ async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_c
         store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
         s3_bucket: str) -> None:
     await node_mode_cluster(other)
-    await quiet_reader(store)
+    _, seen = await quiet_reader(store)
     # A hand edit puts no mark: the safety net finds it.
     hand = make_lease(shard=2, owner="node-z", generation=7, renewal="node")
     s3_server.client().put_object(Bucket=s3_bucket, Key=lease_key(CLUSTER, 2),
                                   Body=encode(hand))
     counted.clear()
     calls = 0
-    while (await store.list_leases(CLUSTER))[2].record != hand:
+    while (await store.list_leases(CLUSTER, seen=seen))[2].record != hand:
         calls += 1
         assert calls < FULL_LIST_EVERY
     assert leases_listed(counted) == 1
-    await store.list_leases(CLUSTER)  # (it found a change: listed again)
+    await store.list_leases(CLUSTER, seen=seen)  # (it found a change: listed again)
     counted.clear()
     for _ in range(2 * FULL_LIST_EVERY):
-        await store.list_leases(CLUSTER)
+        await store.list_leases(CLUSTER, seen=seen)
     assert leases_listed(counted) == 2
 
 
 async def test_a_store_sees_its_own_writes_at_once(store: S3Store, other: S3Store) -> None:
     await node_mode_cluster(other)
-    listed = await quiet_reader(store)
+    listed, seen = await quiet_reader(store)
     claim = rewrite(listed[4].record, owner="node-a", generation=2)  # type: ignore[arg-type]
     version = await store.update_lease(claim, listed[4].version)
     # Its own mark may not have landed yet: its view is void anyway.
-    after = await store.list_leases(CLUSTER)
+    after = await store.list_leases(CLUSTER, seen=seen)
     assert after[4].version == version and after[4].record == claim
 
 
@@ -445,7 +461,7 @@ async def test_a_refused_write_marks_too_and_voids_the_writers_view(
         store: S3Store, counted: RequestCounter, other: S3Store, s3_server: S3Server,
         s3_bucket: str) -> None:
     versions = await node_mode_cluster(other)
-    listed = await quiet_reader(store)
+    listed, seen = await quiet_reader(store)
     before = marker_etag(s3_server, s3_bucket)
     # The refusal of a retry whose first attempt landed looks the same.
     with pytest.raises(Conflict):
@@ -453,7 +469,7 @@ async def test_a_refused_write_marks_too_and_voids_the_writers_view(
     await settled(store)
     assert marker_etag(s3_server, s3_bucket) != before
     counted.clear()
-    assert await store.list_leases(CLUSTER) == listed
+    assert await store.list_leases(CLUSTER, seen=seen) == listed
     assert leases_listed(counted) == 1
     assert listed[0].version == versions[0]
 
@@ -492,36 +508,36 @@ async def test_shard_mode_leases_or_a_beating_peer_make_every_call_list(
     shard_mode = make_lease(shard=20, owner="node-c", generation=1)  # renewed in place
     version = await other.create_lease(shard_mode)
     await settled(other)
-    await store.list_heartbeats(CLUSTER)
-    await store.list_leases(CLUSTER)
+    seen = await told_beats(store)
+    await store.list_leases(CLUSTER, seen=seen)
     counted.clear()
     for _ in range(3):
-        await store.list_leases(CLUSTER)
+        await store.list_leases(CLUSTER, seen=seen)
     assert dict(counted) == {"list": 3}, "no HEAD either: it would not be used"
 
     # Freed (a mark): the cluster is quiet again once a listing found no move...
     await other.update_lease(rewrite(shard_mode, owner=None), version)
     await settled(other)
-    await store.list_leases(CLUSTER)
-    await store.list_leases(CLUSTER)
+    await store.list_leases(CLUSTER, seen=seen)
+    await store.list_leases(CLUSTER, seen=seen)
     counted.clear()
-    await store.list_leases(CLUSTER)
+    await store.list_leases(CLUSTER, seen=seen)
     assert leases_listed(counted) == 0
     # ...until a peer heartbeats: it may run a version that puts no marks.
     for seq in range(QUIET_LISTINGS + 1):
         await other.put_heartbeat(make_heartbeat("node-old", seq=seq))
-        await store.list_heartbeats(CLUSTER)
+        seen = await told_beats(store)
         counted.clear()
-        await store.list_leases(CLUSTER)
+        await store.list_leases(CLUSTER, seen=seen)
         assert leases_listed(counted) == 1, seq
     # A heartbeat left unchanged over QUIET_LISTINGS listings is nobody's.
     for _ in range(QUIET_LISTINGS - 1):
-        await store.list_heartbeats(CLUSTER)
-        await store.list_leases(CLUSTER)
-    await store.list_heartbeats(CLUSTER)
-    await store.list_leases(CLUSTER)
+        seen = await told_beats(store)
+        await store.list_leases(CLUSTER, seen=seen)
+    seen = await told_beats(store)
+    await store.list_leases(CLUSTER, seen=seen)
     counted.clear()
-    await store.list_leases(CLUSTER)
+    await store.list_leases(CLUSTER, seen=seen)
     assert leases_listed(counted) == 0
 
 

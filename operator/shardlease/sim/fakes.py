@@ -24,6 +24,7 @@ from typing import Any
 
 from shardlease.errors import HostError, StoreError
 from shardlease.records import Epoch, Heartbeat, Lease, Stored
+from shardlease.stores.base import Listed
 from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.telemetry import Event, Telemetry
 
@@ -149,9 +150,10 @@ class ScriptedStore(MemoryStore):
             self.lose_reply[method] -= 1
             raise StoreError(f"{method}: the reply was lost")
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         await self._gate("list_leases", cluster)
-        return await super().list_leases(cluster)
+        return await super().list_leases(cluster, seen=seen)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         await self._gate("get_lease", cluster, shard)

@@ -57,7 +57,7 @@ from shardlease.records import (
 )
 from shardlease.sim.faults import Hints, HostFault, StoreFault
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import LeaseStore, Listed
 from shardlease.stores.memory import MemoryBackend, MemoryStore
 from shardlease.stores.requests import RequestObservers, count_requests
 from shardlease.telemetry import (
@@ -304,8 +304,10 @@ class SimStore(LeaseStore):
             await self._call("list", method, _noop)
         return cast(T, self._frozen[key])
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        return await self._listing("list_leases", lambda: self.inner.list_leases(cluster))
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
+        return await self._listing("list_leases",
+                                   lambda: self.inner.list_leases(cluster, seen=seen))
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         return await self._call(

@@ -37,17 +37,48 @@ class EpochListing(dict[tuple[str, str], str]):
     store's listing can tell at no extra request. A hint only: the loop reads
     such a record before it takes the epoch for ended (a graceful stop ends
     its own epoch, and peers then take its leases within a round instead of
-    after a TTL of silence)."""
+    after a TTL of silence).
+
+    `mark`: opaque to everyone but the store that made the listing, which may
+    leave there what the listing saw for its own use when the listing is
+    passed back to its `list_leases` (`Listed`); None for most stores (the S3
+    store: the move marker's ETag, `stores.s3`)."""
 
     def __init__(self, versions: dict[tuple[str, str], str] | None = None,
-                 ended: frozenset[tuple[str, str]] = frozenset()) -> None:
+                 ended: frozenset[tuple[str, str]] = frozenset(),
+                 mark: object | None = None) -> None:
         super().__init__(versions or {})
         self.ended = ended
+        self.mark = mark
 
 
 def ended_hints(listing: Mapping[tuple[str, str], str]) -> frozenset[tuple[str, str]]:
     """The epochs a listing shows ended (none for a plain mapping)."""
     return listing.ended if isinstance(listing, EpochListing) else frozenset()
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What a caller of `list_leases` tells the store of its own other
+    listings of the cluster, for a store whose listing answers from a cache
+    to check that cache by (the S3 store's move marker, `stores.s3`).
+
+    Optional, and never needed to be right: a store that is passed nothing
+    (or `Listed()`) reads what it needs itself or lists in full. A store
+    uses only what it can verify (the S3 store: an epoch listing this very
+    object made, of this cluster, that started after its previous
+    `list_leases` of it returned) and does as if told nothing otherwise.
+    Stores without such a cache ignore it."""
+
+    #: The epoch listing of the cluster the caller made since its previous
+    #: `list_leases` of it returned, as `list_epochs` gave it (None: none,
+    #: or it failed).
+    epochs: Mapping[tuple[str, str], str] | None = None
+    #: The caller's last heartbeat listing of the cluster, as
+    #: `list_heartbeats` gave it (None: it made none, or its last one
+    #: failed). A caller with no newer one tells the same object again,
+    #: which is not counted as another listing.
+    heartbeats: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,11 +150,16 @@ class LeaseStore(abc.ABC):
     # -- leases ---------------------------------------------------------------
 
     @abc.abstractmethod
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         """Every lease of the cluster, by shard. Corrupt records are returned
         with `record=None`, an error and the generation recovered from them,
         never raised; so are leases that vanished after being seen held (see
-        the module doc). Implementations end with `_observed_all`."""
+        the module doc). Implementations end with `_observed_all`.
+
+        `seen`: the caller's other listings of the cluster (`Listed`), which
+        may spare a store with a listing cache requests; the answer is as
+        right without them."""
 
     @abc.abstractmethod
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:

@@ -60,7 +60,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore, Listed
 from shardlease.stores.requests import RequestObservers
 
 _SUFFIX = ".json"
@@ -511,7 +511,8 @@ class FileStore(LeaseStore):
     async def check_readable(self) -> None:
         await asyncio.to_thread(self._check_readable)
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         self.backend_requests.report("list")
         return self._observed_all(cluster, await asyncio.to_thread(self._list_leases, cluster))
 

@@ -20,7 +20,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore, Listed
 from shardlease.stores.requests import RequestObservers
 
 
@@ -57,7 +57,8 @@ class MemoryStore(LeaseStore):
     def describe(self) -> str:
         return f"memory://{self.name}"
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         self.backend_requests.report("list")
         found: dict[int, Stored[Lease]] = {}
         for (c, shard), (version, data) in sorted(self.backend.leases.items()):

@@ -26,7 +26,7 @@ from shardlease.records import (
     encode,
     stored_epoch,
 )
-from shardlease.stores.base import Change, EpochListing, LeaseStore
+from shardlease.stores.base import Change, EpochListing, LeaseStore, Listed
 from shardlease.stores.kubernetes.codec import (
     _DNS_LABEL,
     _LEGACY,
@@ -280,7 +280,8 @@ class KubernetesStore(LeaseStore):
 
     # -- leases -----------------------------------------------------------------
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         current: dict[int, Stored[Lease]] = {}
         legacy: dict[int, Stored[Lease]] = {}
         for entry in await self._entries(cluster, "shard"):

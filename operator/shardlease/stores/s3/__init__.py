@@ -36,9 +36,23 @@ write that readers must learn of (a claim, a free, a conversion: anything but
 a shard-mode renewal) is followed by a blind PUT of random bytes to the move
 marker, and `list_leases` answers from its last listing while the marker's
 ETag has not moved and nothing in that listing changes by itself (see
-`list_leases` for the rules, and why a stale answer is safe). The node-mode
-loop lists `epochs/` every round anyway: the marker lives there, so its ETag
-usually costs no request of its own.
+`list_leases` for the rules, and why a stale answer is safe).
+
+What that needs besides, the caller tells it (`stores.base.Listed`), and the
+store checks rather than assumes:
+
+- the marker's ETag, read since the previous `list_leases` returned. The
+  marker lives in `epochs/`, which the node-mode loop lists every round just
+  before the leases: `list_epochs` leaves the ETag it saw in its answer
+  (`EpochListing.mark`, with this store object, the cluster and when the
+  listing started), and `list_leases` takes it from the epoch listing it is
+  given only if this object made it, of that cluster, after its previous
+  call returned; else it HEADs the marker (when the answer can matter);
+- that nobody heartbeats (a peer of an older version puts no marks): from
+  the heartbeat listings it is told of, the last one each time.
+
+Told nothing, it lists: `shardlease owners` and any one-shot reader see the
+truth at the cost of a listing.
 
 The package's parts, one job each: `url` (the store URL), `keys` (where each
 record lives), `transport` (the aiobotocore session, its hooks, the errors it

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 from shardlease.records import (
@@ -26,9 +26,10 @@ MOVED = "moved"
 #: shards: 5 pages at 4,096 shards cost 0.6 requests a round, 9 at 8,192
 #: (the most a cluster may have) 1.1; a missed move is seen within 8 rounds.
 FULL_LIST_EVERY = 8
-#: A heartbeat seen at one ETag in this many listings in a row is nobody's
-#: beat any more (a crashed or stopped peer's leftover); one that changed
-#: within them may be a peer of a version that writes no marks.
+#: A heartbeat seen at one ETag in this many listings in a row (of those
+#: `list_leases` was told of) is nobody's beat any more (a crashed or
+#: stopped peer's leftover); one that changed within them may be a peer of a
+#: version that writes no marks.
 QUIET_LISTINGS = 3
 #: Pauses between attempts at a marker PUT that failed (seconds, doubling).
 MARK_RETRY_FIRST, MARK_RETRY_MAX = 0.2, 5.0
@@ -74,6 +75,20 @@ class _Records:
                         "a shard number)", url)
 
 
+@dataclass(frozen=True)
+class _MarkerRead:
+    """The marker as an epoch listing found it (`EpochListing.mark`): which
+    store object listed, which cluster, the store's `_ticks` when the
+    listing started, and the marker's ETag. `list_leases` uses it only if it
+    is its own, of that cluster, from a listing that started after its
+    previous call returned."""
+
+    store: object
+    cluster: str
+    started: int
+    etag: str
+
+
 @dataclass
 class _Moves:
     """What one store object knows of one cluster's moves (`list_leases`)."""
@@ -93,20 +108,32 @@ class _Moves:
     #: Bumped when a lease write of this object starts and when it ends (and
     #: by `get_lease`): a view listed across one of them is not served.
     local: int = 0
-    #: `_ticks` when the last `list_leases` returned.
+    #: `_ticks` when the last `list_leases` returned: a marker read by an
+    #: epoch listing that started before then is no read for the next call.
     returned: int = -1
-    #: The last epoch listing: `_ticks` when it started, and the marker ETag
-    #: it found (None until it ended, or if it failed).
-    epochs_started: int = -1
-    epochs_marker: asyncio.Future[str | None] | None = None
-    #: Heartbeat ETags by node, with the listings in a row that showed each;
-    #: `quiet` while the last heartbeat listing succeeded and showed every
-    #: one QUIET_LISTINGS times unchanged.
+    #: Heartbeat ETags by node, with the listings in a row that showed each,
+    #: of those `list_leases` was told of (`Listed.heartbeats`); the last one.
     beats: dict[str, tuple[str, int]] = field(default_factory=dict)
-    quiet: bool = False
+    beats_told: Mapping[str, str] | None = None
     #: A mark to PUT, and the task putting marks.
     dirty: bool = False
     flusher: asyncio.Task[None] | None = None
 
     def marking(self) -> bool:
         return self.dirty or (self.flusher is not None and not self.flusher.done())
+
+    def quiet(self, listing: Mapping[str, str] | None) -> bool:
+        """Whether nobody heartbeats by the caller's last heartbeat listing
+        (`Listed.heartbeats`), counted in: every heartbeat in it seen at one
+        ETag in QUIET_LISTINGS listings in a row. None (no listing, or the
+        last one failed): not quiet, and the counts stand. The listing told
+        last time, told again, is not counted again."""
+        if listing is None:
+            return False
+        if listing is not self.beats_told:
+            seen = self.beats
+            self.beats = {node: (etag, seen[node][1] + 1
+                                 if seen.get(node, ("",))[0] == etag else 1)
+                          for node, etag in listing.items()}
+            self.beats_told = listing
+        return all(times >= QUIET_LISTINGS for _, times in self.beats.values())

@@ -9,7 +9,7 @@ import logging
 import os
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -30,7 +30,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.stores.base import EpochListing, LeaseStore
+from shardlease.stores.base import EpochListing, LeaseStore, Listed
 from shardlease.stores.requests import RequestObservers
 from shardlease.stores.s3.cache import (
     _NO_MARKER,
@@ -38,7 +38,7 @@ from shardlease.stores.s3.cache import (
     MARK_RETRY_FIRST,
     MARK_RETRY_MAX,
     MOVED,
-    QUIET_LISTINGS,
+    _MarkerRead,
     _Moves,
     _Records,
 )
@@ -150,7 +150,8 @@ class S3Store(LeaseStore):
         self._records = _Records()
         #: cluster -> its moves as this object knows them (see `list_leases`).
         self._moves: dict[str, _Moves] = {}
-        #: A counter that orders this object's listings and their returns.
+        #: A counter that orders this object's epoch listings and the returns
+        #: of its `list_leases` (`_MarkerRead.started`, `_Moves.returned`).
         self._ticks = 0
         #: How long `aclose()` waits for marks still to be put.
         self._mark_close_wait = connect_timeout + read_timeout
@@ -396,7 +397,8 @@ class S3Store(LeaseStore):
             moves = self._moves[cluster] = _Moves()
         return moves
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
         """Every lease, from a listing; or the last listing's answer again (the
         very same entries) when nothing since can have moved a lease, as far
         as anyone announces it. That is when:
@@ -404,15 +406,24 @@ class S3Store(LeaseStore):
         - the move marker's ETag, read after the previous call returned, is
           the one read before that listing (every lease write but a
           shard-mode renewal is followed by a PUT of fresh random bytes to
-          the marker: `_swap_lease`);
+          the marker: `_swap_lease`). The read is the caller's epoch listing
+          (`seen.epochs`: the marker is in the epochs prefix, so the listing
+          shows its ETag at no extra request) if this object made it, of
+          this cluster, and it started after the previous call returned;
+          else a HEAD of the marker, when the answer can matter;
         - that listing held no lease that changes without a mark: none kept
           by shard renewal with an owner (its owner rewrites it every
           interval, and readers judge it live from that), none unreadable;
           and it found every lease as the listing before it did;
-        - the last heartbeat listing found nobody heartbeating (a peer that
-          does may run a version that puts no marks);
+        - the caller's last heartbeat listing (`seen.heartbeats`) shows nobody
+          heartbeating: every heartbeat in it at one ETag over QUIET_LISTINGS
+          of the listings this object was told of (a peer that beats may run
+          a version that puts no marks). Told none, or that the last one
+          failed: a listing;
         - this object wrote no lease since, and has no mark still to put;
         - fewer than FULL_LIST_EVERY - 1 answers in a row came from it.
+
+        So a caller that passes nothing always gets a listing.
 
         A move is missed for at most one round after its mark: a writer's
         lease write has ended before its marker PUT starts, and a reader
@@ -423,7 +434,8 @@ class S3Store(LeaseStore):
         the listing started, and the listing holds it (S3 lists with
         read-after-write consistency). A mark that lands after a reader's
         read is seen by its next call, whose read starts after this one
-        returned.
+        returned (which is why an older epoch listing is not taken for a
+        read).
 
         Correctness never depends on it: nothing here decides who owns what.
         Every claim is a compare-and-swap on the version read, so an answer
@@ -434,11 +446,13 @@ class S3Store(LeaseStore):
         directory = self._lease_dir(cluster)
         moves = self._moves_of(cluster)
         local = moves.local
+        seen = seen or Listed()
         try:
-            marker = await self._marker_now(cluster, moves)
+            quiet = moves.quiet(seen.heartbeats)
+            marker = await self._marker_now(cluster, moves, seen.epochs, quiet)
             view = moves.view
             if view is not None and marker is not None and marker == moves.view_marker \
-                    and not moves.view_moving and not moves.view_changed and moves.quiet \
+                    and not moves.view_moving and not moves.view_changed and quiet \
                     and not moves.marking() \
                     and moves.view_local == local == moves.local \
                     and moves.served < FULL_LIST_EVERY - 1:
@@ -463,18 +477,19 @@ class S3Store(LeaseStore):
             self._ticks += 1
             moves.returned = self._ticks
 
-    async def _marker_now(self, cluster: str, moves: _Moves) -> str | None:
+    async def _marker_now(self, cluster: str, moves: _Moves,
+                          epochs: Mapping[tuple[str, str], str] | None,
+                          quiet: bool) -> str | None:
         """The marker's ETag as read since the last `list_leases` returned:
-        by the epoch listing if one started since (awaited if still under
-        way: the node-mode loop lists both at once), else by a HEAD if the
+        by the caller's epoch listing if it is one this object made of this
+        cluster and it started since (`_MarkerRead`), else by a HEAD if the
         answer can matter. None: not known."""
-        pending = moves.epochs_marker
-        if pending is not None and moves.epochs_started > moves.returned:
-            marker = await asyncio.shield(pending)
-            if marker is not None:
-                return marker
-        if not moves.quiet or (moves.view is not None and moves.view_moving):
-            return None  # the next call lists anyway: no request for it
+        read = epochs.mark if isinstance(epochs, EpochListing) else None
+        if isinstance(read, _MarkerRead) and read.store is self and read.cluster == cluster \
+                and read.started > moves.returned:
+            return read.etag
+        if not quiet or (moves.view is not None and moves.view_moving):
+            return None  # this call lists anyway: no request for it
         try:
             etag = await self._head(self._marker_key(cluster))
         except StoreError as e:
@@ -656,20 +671,9 @@ class S3Store(LeaseStore):
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         directory = self._heartbeat_dir(cluster)
-        moves = self._moves_of(cluster)
-        try:
-            listed = await self._list(directory)
-        except BaseException:
-            # Not while it runs: the loop lists the leases at the same time.
-            moves.quiet = False
-            raise
-        beats = {key[len(directory):]: etag for key, (etag, _) in listed.items()
-                 if len(key) > len(directory)}
-        seen = moves.beats
-        moves.beats = {node: (etag, seen[node][1] + 1 if seen.get(node, ("",))[0] == etag else 1)
-                       for node, etag in beats.items()}
-        moves.quiet = all(times >= QUIET_LISTINGS for _, times in moves.beats.values())
-        return beats
+        listed = await self._list(directory)
+        return {key[len(directory):]: etag for key, (etag, _) in listed.items()
+                if len(key) > len(directory)}
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         key = self._heartbeat_dir(heartbeat.cluster) + _segment("node", heartbeat.node)
@@ -688,18 +692,12 @@ class S3Store(LeaseStore):
 
     async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
         directory = self._epoch_dir(cluster)
-        moves = self._moves_of(cluster)
-        # The listing holds the move marker: `list_leases` reads its ETag here.
-        marker: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # The listing holds the move marker: its ETag goes with the listing,
+        # for `list_leases` to use if it is given this listing back.
         self._ticks += 1
-        moves.epochs_started, moves.epochs_marker = self._ticks, marker
-        try:
-            listed = await self._list(directory)
-            etag, _ = listed.get(self._marker_key(cluster), (_NO_MARKER, 0))
-            marker.set_result(etag)
-        finally:
-            if not marker.done():
-                marker.set_result(None)
+        started = self._ticks
+        listed = await self._list(directory)
+        marker, _ = listed.get(self._marker_key(cluster), (_NO_MARKER, 0))
         found: dict[tuple[str, str], str] = {}
         ended: set[tuple[str, str]] = set()
         for key, (etag, _) in listed.items():
@@ -708,7 +706,8 @@ class S3Store(LeaseStore):
                 ended.add((node, epoch.removesuffix(_ENDED)))
             elif sep and node and epoch:
                 found[(node, epoch)] = etag
-        return EpochListing(found, frozenset(ended & found.keys()))
+        return EpochListing(found, frozenset(ended & found.keys()),
+                            _MarkerRead(self, cluster, started, marker))
 
     async def get_epoch(self, cluster: str, node: str, epoch: str) -> Stored[Epoch] | None:
         got = await self._read(self._epoch_key(cluster, node, epoch))
