@@ -27,6 +27,8 @@
 #   IMAGE        image to build and load (shardlease:dev)
 #   MINIO_IMAGE  MinIO server image (minio/minio:RELEASE.2025-09-07T16-13-09Z)
 #   MC_IMAGE     MinIO client image for the bucket Job (minio/mc:RELEASE.2025-08-13T08-35-41Z)
+#   BUILD_ARGS   more arguments for `docker build` (none), e.g. a local base:
+#                "--build-arg PYTHON_IMAGE=my/python:3.11-slim"
 #   TIMEOUT      seconds for each wait (300)
 #   KEYS         keys written and read back (200)
 #
@@ -46,6 +48,7 @@ MINIO_IMAGE=${MINIO_IMAGE:-minio/minio:RELEASE.2025-09-07T16-13-09Z}
 MC_IMAGE=${MC_IMAGE:-minio/mc:RELEASE.2025-08-13T08-35-41Z}
 TIMEOUT=${TIMEOUT:-300}
 KEYS=${KEYS:-200}
+BUILD_ARGS=${BUILD_ARGS:-}
 NS=shardapp
 RELEASE_NS=shardlease
 SHARDS=16
@@ -222,7 +225,8 @@ fi
 k cluster-info | sed -n 1p
 
 step "building $IMAGE from $ROOT"
-docker build --target example -t "$IMAGE" "$ROOT"
+# shellcheck disable=SC2086  # BUILD_ARGS is a list of words
+docker build $BUILD_ARGS --target example -t "$IMAGE" "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 ok "$IMAGE built and loaded into $CLUSTER"
 
@@ -251,7 +255,9 @@ ok "the operator is running and the ShardSet CRD is installed"
 step "the example StatefulSet (3 replicas, $SHARDS shards)"
 sed "s|image: shardlease:dev|image: $IMAGE|" "$MANIFESTS/shardapp.yaml" | k apply -f -
 kn rollout status statefulset/shardapp --timeout="${TIMEOUT}s"
-containers=$(kn get pod shardapp-0 -o jsonpath='{.spec.containers[*].name}')
+# On Kubernetes >= 1.29 the agent is a native sidecar: an init container
+# with restartPolicy Always; before, one more container.
+containers=$(kn get pod shardapp-0 -o jsonpath='{.spec.initContainers[*].name} {.spec.containers[*].name}')
 case " $containers " in
   *" shardlease-agent "*) ok "the webhook injected the shardlease-agent sidecar ($containers)" ;;
   *) die "shardapp-0 has no shardlease-agent container ($containers): was the operator ready?" ;;

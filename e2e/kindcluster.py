@@ -662,9 +662,12 @@ def _dns_ready() -> bool:
 def healthy() -> bool:
     if not exists() or len(nodes()) != WORKERS + 1:
         return False
-    running = podman("ps", "--filter", f"label=io.x-k8s.kind.cluster={NAME}",
-                     "--format", "{{.Names}} {{.State}}", check=False).stdout.decode().split("\n")
-    states = dict(line.split() for line in running if line.strip())
+    listed = podman("ps", "--all", "--filter", f"label=io.x-k8s.kind.cluster={NAME}",
+                    "--format", "json", check=False).stdout.decode()
+    try:
+        states = {c["Names"][0]: c["State"] for c in json.loads(listed or "[]")}
+    except (ValueError, KeyError, IndexError):
+        return False
     if sorted(states) != nodes() or set(states.values()) != {"running"}:
         return False
     try:
