@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock
@@ -34,6 +34,10 @@ class Heartbeats:
         self._seen: Observed[str, None] = Observed()
         #: The nodes live by their heartbeats in the last good listing.
         self.live: set[str] = set()
+        #: The last listing as the store gave it, for the lease listing to be
+        #: told of (`stores.base.Listed`); None until one succeeded, and after
+        #: one failed.
+        self.listing: Mapping[str, str] | None = None
         self._seq = 0
         #: Whether this node has no heartbeat in the store (node mode writes none).
         self.deleted = not writes
@@ -49,7 +53,9 @@ class Heartbeats:
                                             lambda: self.store.list_heartbeats(self.cluster))
         except StoreError as e:
             logger.warning("could not read heartbeats, keeping the last live set: %s", e)
+            self.listing = None
             return self.live
+        self.listing = beats
         now = self.clock.monotonic()
         for node, version in beats.items():
             self._seen.see(node, version, now)

@@ -22,7 +22,9 @@ Schedules, each its own task, so that nothing slow on one delays another:
   store makes slow, and a renewal late by more than `ttl - margin` fences
   every shard;
 - rounds of placement, every `interval`:
-  1. read the heartbeats, the epochs and the leases (this feeds `lookup`);
+  1. read the heartbeats, the epochs and the leases (this feeds `lookup`):
+     the heartbeats beside the other two, the epochs before the leases,
+     whose listing is told of them (`_read_records`);
   2. plan (`placement.plan`): the fair share, ceil(shards / live nodes), what
      to release above it, what to claim up to it, what to adopt;
   3. release: the runner closes the shard, and only then is the lease freed,
@@ -91,7 +93,7 @@ from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
 from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner, State
-from shardlease.stores.base import Change, LeaseStore
+from shardlease.stores.base import Change, LeaseStore, Listed
 from shardlease.telemetry import (
     Claim,
     Joined,
@@ -748,8 +750,7 @@ class PlacementLoop:
         # (A round of its time starts an interval after the first one, to
         # within float rounding.)
         starting = self.life is Life.STARTING and started < self._claims_from - 1e-6
-        live, epochs, leases = await asyncio.gather(self.beats.read(), self._read_epochs(),
-                                                    self._read_leases())
+        live, (epochs, leases) = await asyncio.gather(self.beats.read(), self._read_records())
         if leases is not None:
             self._node_leases = bool(self.view.named)
         if epochs is not None:
@@ -859,10 +860,22 @@ class PlacementLoop:
             max_moves=self.options.max_moves_per_round,
             returning=now < self._claims_from + self.options.interval_s))
 
-    async def _read_leases(self) -> dict[int, Stored[Lease]] | None:
+    async def _read_records(self) -> tuple[dict[EpochKey, str] | None,
+                                           dict[int, Stored[Lease]] | None]:
+        """The epochs (when wanted), then the leases, told of that listing and
+        of the last heartbeat listing this node has (`Listed`: a store with a
+        listing cache checks it by them, the S3 store its move marker, which
+        the epoch listing shows). Without epochs the leases are listed at
+        once, beside the heartbeats."""
+        epochs = await self._read_epochs()
+        return epochs, await self._read_leases(Listed(epochs=epochs,
+                                                      heartbeats=self.beats.listing))
+
+    async def _read_leases(self, seen: Listed) -> dict[int, Stored[Lease]] | None:
         try:
-            leases = await self.calls.joined("leases", "lease listing",
-                                        lambda: self.store.list_leases(self.cluster))
+            leases = await self.calls.joined(
+                "leases", "lease listing",
+                lambda: self.store.list_leases(self.cluster, seen=seen))
         except StoreError as e:
             logger.warning("could not read the leases, no claims this round: %s", e)
             return None
