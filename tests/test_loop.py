@@ -17,11 +17,11 @@ from shardlease.clock import LoopClock
 from shardlease.errors import OutdatedGeneration, RunnerDied
 from shardlease.loop import PlacementLoop, paced, settles, wakes, woken_due
 from shardlease.options import Options
-from shardlease.records import Lease, decode_heartbeat, stored_lease
+from shardlease.records import Lease, Stored, decode_heartbeat, stored_lease
 from shardlease.runner import State
 from shardlease.sim.fakes import ScriptedStore, StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
-from shardlease.stores.base import Change
+from shardlease.stores.base import Change, Listed
 from shardlease.stores.memory import MemoryBackend
 from shardlease.telemetry import (
     Claim,
@@ -70,10 +70,11 @@ def lease(backend: MemoryBackend, shard: int) -> Lease | None:
 class Node:
     def __init__(self, name: str, backend: MemoryBackend, *, shards: int = 4,
                  peers: Callable[[], Iterable[str]] | None = None,
-                 host: StrictHost | None = None, **options: Any) -> None:
+                 host: StrictHost | None = None, store: ScriptedStore | None = None,
+                 **options: Any) -> None:
         self.name = name
         self.backend = backend
-        self.store = ScriptedStore(backend)
+        self.store = store or ScriptedStore(backend)
         self.host = host or StrictHost()
         self.telemetry = Telemetry()
         self.events = recorder(self.telemetry)
@@ -842,3 +843,63 @@ async def test_a_woken_round_waits_for_a_quiet_moment_not_a_fixed_settle() -> No
         await asyncio.sleep(HINT_QUIET / 4)
     assert [round(t, 3) for t in round_starts(a, hinted=True)][2] == round(11.0 + HINT_SETTLE, 3)
     await a.stop()
+
+
+class Telling(ScriptedStore):
+    """Records what each lease listing is told, beside the epoch and
+    heartbeat listings this store answered before it."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend)
+        self.epoch_listings: list[object] = []
+        self.beat_listings: list[object] = []
+        #: (what it was told, the epoch listings and heartbeat listings
+        #: answered by then)
+        self.told: list[tuple[Listed | None, list[object], list[object]]] = []
+
+    async def list_epochs(self, cluster: str) -> dict[tuple[str, str], str]:
+        listing = await super().list_epochs(cluster)
+        self.epoch_listings.append(listing)
+        return listing
+
+    async def list_heartbeats(self, cluster: str) -> dict[str, str]:
+        listing = await super().list_heartbeats(cluster)
+        self.beat_listings.append(listing)
+        return listing
+
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
+        self.told.append((seen, list(self.epoch_listings), list(self.beat_listings)))
+        return await super().list_leases(cluster, seen=seen)
+
+
+@pytest.mark.parametrize("mode", ["shard", "node"])
+@virtual
+async def test_a_round_tells_its_lease_listing_what_it_listed(mode: str) -> None:
+    # Node mode: the epochs listed first, that very listing told (each one
+    # once, made since the lease listing before); shard mode lists no epochs.
+    # Both: the last heartbeat listing that succeeded (None after a failure).
+    backend = MemoryBackend()
+    store = Telling(backend)
+    a = Node("a", backend, renewal=mode, store=store).start()
+    await asyncio.sleep(12.0)
+    store.broken.add("list_heartbeats")
+    await asyncio.sleep(10.0)
+    store.broken.discard("list_heartbeats")
+    await asyncio.sleep(10.0)
+    await a.stop()
+    listed_before = 0
+    for seen, epochs, beats in store.told:
+        assert seen is not None
+        if mode == "node":
+            assert len(epochs) > listed_before, "an epoch listing since the last lease listing"
+            assert seen.epochs is epochs[-1]
+            listed_before = len(epochs)
+        else:
+            assert seen.epochs is None and epochs == []
+        # The last one the loop took in: this round's own, read beside, may
+        # have been answered just before and not taken in yet.
+        assert seen.heartbeats is None or any(seen.heartbeats is b for b in beats[-2:])
+    told_beats = [seen.heartbeats for seen, _, _ in store.told if seen is not None]
+    assert None in told_beats[2:], "the listing that failed"
+    assert told_beats[-1] is not None, "a good one again"

@@ -428,6 +428,37 @@ class StoreContract:
         got = await store.get_lease(CLUSTER, 1)
         assert got is not None and got.version == new_version and valid(got) == newer
 
+    async def test_telling_list_leases_what_was_listed_never_changes_its_answer(
+            self, store: LeaseStore) -> None:
+        """`seen=` may spare a store requests, never change what it answers:
+        rounds as the loop makes them (the epochs and heartbeats listed, then
+        the leases told of them) answer what is there, at rest (where a
+        listing cache may serve) and after each write, as a listing told
+        nothing does."""
+        versions = {shard: await store.create_lease(make_lease(shard, renewal="node"))
+                    for shard in range(4)}
+
+        async def told() -> dict[int, Stored[Lease]]:
+            seen = Listed(epochs=await store.list_epochs(CLUSTER),
+                          heartbeats=await store.list_heartbeats(CLUSTER))
+            return await store.list_leases(CLUSTER, seen=seen)
+
+        for _ in range(4):
+            answer = await told()
+            assert {shard: e.version for shard, e in answer.items()} == versions
+        assert answer == await store.list_leases(CLUSTER)
+        freed = rewrite(make_lease(1, renewal="node"), owner=None)
+        versions[1] = await store.update_lease(freed, versions[1])
+        claim = make_lease(5, owner="node-a", renewal="node")
+        for round_ in range(4):
+            answer = await told()
+            assert {shard: e.version for shard, e in answer.items()} == versions
+            assert valid(answer[1]) == freed
+            if round_ == 0:
+                versions[5] = await store.create_lease(claim)
+        assert valid(answer[5]) == claim
+        assert answer == await store.list_leases(CLUSTER)
+
     # -- compare-and-swap ---------------------------------------------------------
 
     async def test_creating_a_lease_that_exists_is_a_conflict_and_changes_nothing(

@@ -10,7 +10,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
@@ -423,6 +423,126 @@ async def test_the_epoch_listing_carries_the_marker_so_a_quiet_round_lists_no_le
     await asyncio.gather(store.list_leases(CLUSTER, seen=Listed(heartbeats=beats)),
                          store.list_heartbeats(CLUSTER))
     assert dict(counted) == {"get": 1, "list": 1}, "a HEAD, and the heartbeats"
+
+
+# What `list_leases` is told, and what it does with it: a cluster at rest
+# (node mode, nobody beats, the reader's view listed twice), then one call
+# told of the listings each case makes. Its requests say what it chose:
+SERVE: dict[str, int] = {}  # the marker read is good and unmoved: no request
+HEAD = {"get": 1}  # no marker read it may use: a HEAD, then served
+LIST = {"list": 1}  # somebody may beat (or it was told nothing): a listing
+Tell = Callable[[S3Store, S3Store, Listed], Awaitable["Listed | None"]]
+
+
+async def own_fresh(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    return Listed(epochs=await store.list_epochs(CLUSTER), heartbeats=quiet.heartbeats)
+
+
+async def another_objects(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    # The same bucket, the same marker: but not this object's read.
+    return Listed(epochs=await other.list_epochs(CLUSTER), heartbeats=quiet.heartbeats)
+
+
+async def another_clusters(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    return Listed(epochs=await store.list_epochs("elsewhere"), heartbeats=quiet.heartbeats)
+
+
+async def started_before_the_last_return(store: S3Store, other: S3Store,
+                                         quiet: Listed) -> Listed:
+    listing = asyncio.create_task(store.list_epochs(CLUSTER))
+    await asyncio.sleep(0)  # it has started
+    await store.list_leases(CLUSTER, seen=quiet)  # served (a HEAD), and returned
+    return Listed(epochs=await listing, heartbeats=quiet.heartbeats)
+
+
+async def used_already(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    seen = await own_fresh(store, other, quiet)
+    await store.list_leases(CLUSTER, seen=seen)
+    return seen
+
+
+async def no_mark(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    listing = await store.list_epochs(CLUSTER)
+    return Listed(epochs=dict(listing), heartbeats=quiet.heartbeats)  # a plain mapping
+
+
+async def no_epochs(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    return Listed(heartbeats=quiet.heartbeats)
+
+
+async def heartbeats_failed(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    return Listed(epochs=await store.list_epochs(CLUSTER), heartbeats=None)
+
+
+async def heartbeats_failed_no_epochs(store: S3Store, other: S3Store,
+                                      quiet: Listed) -> Listed:
+    return Listed()
+
+
+async def nothing(store: S3Store, other: S3Store, quiet: Listed) -> None:
+    return None
+
+
+async def a_peer_beats(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    await other.put_heartbeat(make_heartbeat("node-old"))
+    return Listed(epochs=await store.list_epochs(CLUSTER),
+                  heartbeats=await store.list_heartbeats(CLUSTER))
+
+
+def a_leftover_heartbeat(listings: int) -> Tell:
+    """A heartbeat nobody rewrites, seen in `listings` listings told of
+    (the last one the case's), a round each."""
+
+    async def tell(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+        await other.put_heartbeat(make_heartbeat("node-gone"))
+        for _ in range(listings - 1):
+            await store.list_leases(CLUSTER, seen=Listed(
+                epochs=await store.list_epochs(CLUSTER),
+                heartbeats=await store.list_heartbeats(CLUSTER)))
+        return Listed(epochs=await store.list_epochs(CLUSTER),
+                      heartbeats=await store.list_heartbeats(CLUSTER))
+    return tell
+
+
+async def the_same_heartbeats_again(store: S3Store, other: S3Store, quiet: Listed) -> Listed:
+    # A beating peer's listing, told QUIET_LISTINGS times: one listing, not quiet.
+    await other.put_heartbeat(make_heartbeat("node-old"))
+    beats = await store.list_heartbeats(CLUSTER)
+    for _ in range(QUIET_LISTINGS):
+        await store.list_leases(CLUSTER, seen=Listed(heartbeats=beats))
+    return Listed(epochs=await store.list_epochs(CLUSTER), heartbeats=beats)
+
+
+@pytest.mark.parametrize(("tell", "chosen"), [
+    pytest.param(own_fresh, SERVE, id="its own epoch listing, since its last return"),
+    pytest.param(another_objects, HEAD, id="another store object's epoch listing"),
+    pytest.param(another_clusters, HEAD, id="its epoch listing of another cluster"),
+    pytest.param(started_before_the_last_return, HEAD,
+                 id="its epoch listing, started before its last return"),
+    pytest.param(used_already, HEAD, id="its epoch listing, told twice"),
+    pytest.param(no_mark, HEAD, id="an epoch listing without a mark"),
+    pytest.param(no_epochs, HEAD, id="no epoch listing"),
+    pytest.param(heartbeats_failed, LIST, id="no heartbeat listing"),
+    pytest.param(heartbeats_failed_no_epochs, LIST, id="no listing at all"),
+    pytest.param(nothing, LIST, id="told nothing"),
+    pytest.param(a_peer_beats, LIST, id="a heartbeat that changed"),
+    pytest.param(a_leftover_heartbeat(QUIET_LISTINGS - 1), LIST,
+                 id="a heartbeat unchanged over QUIET_LISTINGS - 1 listings"),
+    pytest.param(a_leftover_heartbeat(QUIET_LISTINGS), SERVE,
+                 id="a heartbeat unchanged over QUIET_LISTINGS listings"),
+    pytest.param(the_same_heartbeats_again, LIST,
+                 id="one heartbeat listing told QUIET_LISTINGS times"),
+])
+async def test_what_list_leases_is_told_decides_between_serving_a_head_and_a_listing(
+        store: S3Store, counted: RequestCounter, other: S3Store, tell: Tell,
+        chosen: dict[str, int]) -> None:
+    await node_mode_cluster(other)
+    at_rest, quiet = await quiet_reader(store)
+    seen = await tell(store, other, quiet)
+    counted.clear()
+    answer = await store.list_leases(CLUSTER, seen=seen)
+    assert dict(counted) == chosen
+    assert answer == at_rest
 
 
 async def test_a_reader_lists_at_least_every_few_calls_and_so_sees_an_unmarked_change(
