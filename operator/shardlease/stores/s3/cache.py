@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from shardlease.records import (
     Lease,
@@ -137,3 +138,48 @@ class _Moves:
                           for node, etag in listing.items()}
             self.beats_told = listing
         return all(times >= QUIET_LISTINGS for _, times in self.beats.values())
+
+
+@dataclass(frozen=True)
+class ViewFacts:
+    """What `list_leases` knows of its last listing's answer (the view) when
+    it decides, as plain data: `serve_view` and `head_worth_it` decide from
+    it alone, so the rule is a table (tests/stores/test_s3_cache.py)."""
+
+    #: There is a view at all.
+    has_view: bool
+    #: It holds a lease that changes without a mark (kept by shard renewal
+    #: with an owner, or unreadable).
+    moving: bool = False
+    #: Its listing found a change since the listing before it.
+    changed: bool = False
+    #: Nobody heartbeats, by the caller's last heartbeat listing (`_Moves.quiet`).
+    quiet: bool = True
+    #: This object has a mark still to put, or is putting one.
+    marking: bool = False
+    #: A lease write (or `get_lease`) of this object started or ended since
+    #: the view's listing started, or during this call.
+    wrote: bool = False
+    #: Answers served from the view since its listing.
+    served: int = 0
+
+
+def head_worth_it(facts: ViewFacts) -> bool:
+    """Whether a HEAD of the move marker can matter, when the caller's epoch
+    listing did not read it: not when the call lists anyway (somebody
+    beats, or the view moves). Without a view it can: the marker read
+    before this listing is what the next call compares with."""
+    return facts.quiet and not (facts.has_view and facts.moving)
+
+
+def serve_view(facts: ViewFacts, marker: str | None,
+               view_marker: str | None) -> Literal["serve", "list"]:
+    """Serve the view again, or list: serve only if the marker read since
+    the last call (`marker`; None: not read) is the one read before the
+    view's listing, and nothing else can have moved a lease unannounced
+    (see `S3Store.list_leases`)."""
+    if not facts.has_view or marker is None or marker != view_marker:
+        return "list"
+    if facts.moving or facts.changed or not facts.quiet or facts.marking or facts.wrote:
+        return "list"
+    return "serve" if facts.served < FULL_LIST_EVERY - 1 else "list"

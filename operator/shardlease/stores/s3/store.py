@@ -34,13 +34,15 @@ from shardlease.stores.base import EpochListing, LeaseStore, Listed
 from shardlease.stores.requests import RequestObservers
 from shardlease.stores.s3.cache import (
     _NO_MARKER,
-    FULL_LIST_EVERY,
     MARK_RETRY_FIRST,
     MARK_RETRY_MAX,
     MOVED,
+    ViewFacts,
     _MarkerRead,
     _Moves,
     _Records,
+    head_worth_it,
+    serve_view,
 )
 from shardlease.stores.s3.keys import (
     _ENDED,
@@ -451,11 +453,11 @@ class S3Store(LeaseStore):
             quiet = moves.quiet(seen.heartbeats)
             marker = await self._marker_now(cluster, moves, seen.epochs, quiet)
             view = moves.view
-            if view is not None and marker is not None and marker == moves.view_marker \
-                    and not moves.view_moving and not moves.view_changed and quiet \
-                    and not moves.marking() \
-                    and moves.view_local == local == moves.local \
-                    and moves.served < FULL_LIST_EVERY - 1:
+            facts = ViewFacts(
+                has_view=view is not None, moving=moves.view_moving,
+                changed=moves.view_changed, quiet=quiet, marking=moves.marking(),
+                wrote=not moves.view_local == local == moves.local, served=moves.served)
+            if view is not None and serve_view(facts, marker, moves.view_marker) == "serve":
                 moves.served += 1
                 return dict(view)
             leases = await self._list_all(cluster, directory)
@@ -488,7 +490,8 @@ class S3Store(LeaseStore):
         if isinstance(read, _MarkerRead) and read.store is self and read.cluster == cluster \
                 and read.started > moves.returned:
             return read.etag
-        if not quiet or (moves.view is not None and moves.view_moving):
+        if not head_worth_it(ViewFacts(has_view=moves.view is not None,
+                                       moving=moves.view_moving, quiet=quiet)):
             return None  # this call lists anyway: no request for it
         try:
             etag = await self._head(self._marker_key(cluster))
