@@ -177,13 +177,16 @@ class Agent:
             await self.shutdown()
             await self.close()
 
+        # Async, though they never await: kopf runs a sync handler in a
+        # thread pool, and these set the Events the supervisor waits on and
+        # fill the peer table the loop iterates (tests/kube/test_agent_handlers.py).
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=reg,
                        when=lambda name, **_: name == self.shardset)
-        def shardset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        async def shardset_event(type: str | None, body: kopf.Body, **_: Any) -> None:
             self.on_shardset(type, dict(body))
 
         @kopf.on.event("", "v1", "pods", registry=reg)
-        def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
             pod = dict(body)
             self.peers.observe(type, pod)
             if (pod.get("metadata") or {}).get("name") == self.pod_name:
