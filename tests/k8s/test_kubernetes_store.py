@@ -18,7 +18,7 @@ from shardlease.options import Options
 from shardlease.records import Epoch, Heartbeat, Lease, Stored
 from shardlease.sim.fakes import StrictHost
 from shardlease.stores import open_store
-from shardlease.stores.base import LeaseStore
+from shardlease.stores.base import LeaseStore, Listed
 from shardlease.stores.kubernetes import (
     ANN_INCARNATION,
     ANN_TTL,
@@ -135,8 +135,9 @@ class Settling(LeaseStore):
     async def _settled(self) -> None:
         await settle(self.watcher, self.namespace)
 
-    async def list_leases(self, cluster: str) -> dict[int, Stored[Lease]]:
-        return await self.inner.list_leases(cluster)
+    async def list_leases(self, cluster: str, *,
+                          seen: Listed | None = None) -> dict[int, Stored[Lease]]:
+        return await self.inner.list_leases(cluster, seen=seen)
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         return await self.inner.get_lease(cluster, shard)
