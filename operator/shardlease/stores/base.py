@@ -64,10 +64,14 @@ class Listed:
     to check that cache by (the S3 store's move marker, `stores.s3`).
 
     Optional, and never needed to be right: a store that is passed nothing
-    (or `Listed()`) reads what it needs itself or lists in full. A store
-    uses only what it can verify (the S3 store: an epoch listing this very
-    object made, of this cluster, that started after its previous
-    `list_leases` of it returned) and does as if told nothing otherwise.
+    (or `Listed()`) reads what it needs itself or lists in full. What a
+    store can check, it checks: the S3 store takes the marker from
+    `epochs` only if the listing's origin is its own (this very object
+    made it, of this cluster, and it started after its previous
+    `list_leases` of it returned), and does as if told no epoch listing
+    otherwise. `heartbeats` it cannot check: it trusts the caller that it
+    is the caller's own latest heartbeat listing of that cluster (a stale
+    or foreign one may make it serve its cache when somebody beats).
     Stores without such a cache ignore it."""
 
     #: The epoch listing of the cluster the caller made since its previous

@@ -532,8 +532,12 @@ class S3Store(LeaseStore):
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         moves = self._moves_of(cluster)
-        moves.local += 1  # what it finds may be newer than the view
-        return self._observed_one(cluster, shard, await self._fetch_lease(cluster, shard))
+        # When it starts and when it ends: what it finds may be newer than the view.
+        moves.local += 1
+        try:
+            return self._observed_one(cluster, shard, await self._fetch_lease(cluster, shard))
+        finally:
+            moves.local += 1
 
     # -- writing leases --------------------------------------------------------------------
 
