@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from shardlease.routing import shard_for_key
-from tests.pods.conftest import fresh_namespace
 from tests.pods.test_scenario import (
     SHARDS,
     TTL,
@@ -37,6 +36,7 @@ from tests.pods.test_scenario import (
     eventually,
     http,
 )
+from tests.support.cluster import fresh_namespace
 from tests.support.s3server import minio_server
 
 from .conftest import ROOT, Kind, kindmod
@@ -48,12 +48,10 @@ RELEASE, RELEASE_NS = "shardlease", "shardlease"  # as e2e/kind.sh installs it
 
 
 @pytest.fixture(scope="module")
-def operator(kind: Kind) -> Kind:
+def operator(kind_with_image: Kind) -> Kind:
     """The chart installed as kind.sh installs it (or left by it), with the
     project's image loaded into the nodes."""
-    kindmod.node.image(load=False)
-    kindmod.kind("load", "docker-image", kindmod.node.IMAGE, "--name", kindmod.NAME,
-                 timeout=900)
+    kind = kind_with_image
     kind.helm("upgrade", "--install", RELEASE, str(ROOT / "charts" / "shardlease"),
               "-n", RELEASE_NS, "--create-namespace", "--wait", "--timeout", "5m",
               "--set", "image.repository=shardlease", "--set", "image.tag=dev")
@@ -64,7 +62,7 @@ def operator(kind: Kind) -> Kind:
 def minio(kind: Kind) -> Iterator[Minio]:
     """MinIO on this machine's address on the kind network: no worker's
     fault takes it down."""
-    with minio_server(kindmod.gateway()) as server:
+    with minio_server(kind.address()) as server:
         yield Minio(endpoint=server.endpoint, bucket=server.create_bucket("shardapp"),
                     access_key=server.access_key, secret_key=server.secret_key)
 

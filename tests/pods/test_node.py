@@ -1,13 +1,17 @@
-"""The node runs real pods of the project's image: a StatefulSet becomes
-Ready, a deleted pod comes back, logs and exec work, and a pod reaches the
-API server through the `kubernetes` Service with its ServiceAccount token."""
+"""The kind cluster runs real pods of the project's image: every node is
+Ready, a StatefulSet becomes Ready, a deleted pod comes back, logs and exec
+work, and a pod reaches the API server through the `kubernetes` Service with
+its ServiceAccount token."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 
 import pytest
+
+from tests.support.kind import kindmod
 
 from .conftest import clmod, fresh_namespace
 
@@ -111,14 +115,23 @@ def smoke(cluster):
         yield ns
 
 
-def test_node_is_ready_and_real(cluster):
-    node = cluster.get("node", cluster.node_name)
-    ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
-    assert ready["Ready"] == "True"
-    info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == clmod.cp.K8S_VERSION
-    assert info["containerRuntimeVersion"].startswith("containerd://")
-    assert {"type": "InternalIP", "address": clmod.NODE_IP} in node["status"]["addresses"]
+def test_every_node_is_ready_and_real(cluster):
+    """One control plane and two workers (kind's nodes), each a real kubelet
+    on containerd, each at its own address on the kind network."""
+    nodes = cluster.get("nodes")["items"]
+    names = sorted(n["metadata"]["name"] for n in nodes)
+    assert names == sorted([cluster.node_name, *cluster.workers]), names
+    addresses = set()
+    for node in nodes:
+        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert ready["Ready"] == "True", node["metadata"]["name"]
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == clmod.cp.K8S_VERSION
+        assert info["containerRuntimeVersion"].startswith("containerd://")
+        (internal,) = [a["address"] for a in node["status"]["addresses"]
+                       if a["type"] == "InternalIP"]
+        addresses.add(internal)
+    assert len(addresses) == len(nodes), addresses
 
 
 def test_statefulset_pods_run_the_image(cluster, smoke):
@@ -129,7 +142,8 @@ def test_statefulset_pods_run_the_image(cluster, smoke):
         assert status["ready"] is True
         assert status["restartCount"] == 0
         assert status["image"] == clmod.IMAGE_REF
-        assert pod["status"]["podIP"].startswith("10.244.")
+        assert ipaddress.ip_address(pod["status"]["podIP"]) in \
+            ipaddress.ip_network(kindmod.POD_SUBNET)
     logs = cluster.kubectl("-n", smoke, "logs", "smoke-0").stdout
     assert "shardlease --help exit 0" in logs
     assert "ready" in logs.splitlines()

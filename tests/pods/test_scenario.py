@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.support.kind import Kind
 from tests.support.s3server import minio_server
 
 from .conftest import ROOT, Cluster, clmod, fresh_namespace
@@ -48,7 +49,9 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 SHARDS = 12
 TTL = 6  # seconds: interval 2, margin 1
-RELEASE, RELEASE_NS = "shardlease", "shardlease-system"
+# As e2e/kind.sh installs it: the chart keeps the agents' ClusterRole on uninstall,
+# and helm adopts it only into a release of the same name and namespace.
+RELEASE, RELEASE_NS = "shardlease", "shardlease"
 GROUP = "shardlease.io"
 #: What a request to a pod whose application (or the pod) is gone fails with.
 GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
@@ -93,9 +96,10 @@ class Minio:
 
 
 @contextmanager
-def minio_on_node() -> Iterator[Minio]:
-    """MinIO on the node's address, where the pods reach it."""
-    with minio_server(clmod.NODE_IP) as server:
+def minio_for(cluster: Kind) -> Iterator[Minio]:
+    """MinIO on this machine's address on the cluster's network, where the
+    pods reach it (no worker's fault takes it down)."""
+    with minio_server(cluster.address()) as server:
         yield Minio(endpoint=server.endpoint, bucket=server.create_bucket("shardapp"),
                     access_key=server.access_key, secret_key=server.secret_key)
 
@@ -127,8 +131,8 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def minio() -> Iterator[Minio]:
-    with minio_on_node() as m:
+def minio(cluster: Kind) -> Iterator[Minio]:
+    with minio_for(cluster) as m:
         yield m
 
 
