@@ -128,7 +128,7 @@ async def test_an_agents_memory_and_time_to_ready_in_the_runtime_image(
     port = free_port()
     name = f"shardlease-footprint-{uuid.uuid4().hex[:8]}"
     with clmod.docker_engine():
-        await asyncio.to_thread(clmod.image, False)  # this revision's, cached layers
+        await asyncio.to_thread(clmod.image)  # this revision's, cached layers
         started = time.monotonic()
         clmod._docker("run", "-d", "--name", name, "--network", "host",
                       "-v", f"{config}:/kubeconfig:ro", "-e", "KUBECONFIG=/kubeconfig",

@@ -113,7 +113,7 @@ def kind() -> Iterator[Kind]:
 def kind_with_image(kind: Kind) -> Kind:
     """The kind cluster with this revision's shardlease:dev in every node."""
     t0 = time.monotonic()
-    image_id = kindmod.node.image(load=False)
+    image_id = kindmod.node.image()
     kindmod.kind("load", "docker-image", kindmod.node.IMAGE, "--name", kindmod.NAME,
                  timeout=900)
     print(f"\n[kind] {kindmod.node.IMAGE} built and loaded in {time.monotonic() - t0:.1f}s")
