@@ -38,15 +38,11 @@ from .contract import (
     make_lease,
     rewrite,
 )
+from .s3_helpers import PREFIX, s3_store
 
 # The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket).
-pytest_plugins = ["tests.support.s3server"]
+pytest_plugins = ["tests.support.s3server", "tests.stores.s3_fixtures"]
 
-PREFIX = "sl"
-
-
-def s3_store(server: S3Server, bucket: str, **options: Any) -> S3Store:
-    return S3Store(bucket, PREFIX, endpoint_url=server.endpoint, path_style=True, **options)
 
 
 def lease_key(cluster: str, shard: int) -> str:
@@ -104,27 +100,6 @@ class TestS3StoreOnMinIO(TestS3StoreOnMoto):
 
     async def test_the_start_up_probe_accepts_minio(self, store: LeaseStore) -> None:
         await store.check()
-
-
-@pytest.fixture
-async def store(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
-    store = s3_store(s3_server, s3_bucket)
-    yield store
-    await store.aclose()
-
-
-@pytest.fixture
-def counted(store: S3Store) -> RequestCounter:
-    """`store`'s requests, counted from its making."""
-    return count_requests(store)
-
-
-@pytest.fixture
-async def other(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
-    """Another node's client on the same bucket."""
-    store = s3_store(s3_server, s3_bucket)
-    yield store
-    await store.aclose()
 
 
 # -- URLs ------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ fail one request at a chosen moment."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from shardlease.errors import StoreError
 from shardlease.records import Lease, encode
 from shardlease.stores.base import EpochListing, Listed
-from shardlease.stores.requests import RequestCounter, count_requests
+from shardlease.stores.requests import RequestCounter
 from shardlease.stores.s3 import S3Store
 from tests.support.s3server import S3Server
 
@@ -31,34 +30,13 @@ from .test_s3 import (
     marker_key,
     node_mode_cluster,
     quiet_reader,
-    s3_store,
     settled,
 )
 
-# The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket).
-pytest_plugins = ["tests.support.s3server"]
-
-
-@pytest.fixture
-async def store(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
-    """The reader."""
-    store = s3_store(s3_server, s3_bucket)
-    yield store
-    await store.aclose()
-
-
-@pytest.fixture
-def counted(store: S3Store) -> RequestCounter:
-    """The reader's requests, counted from its making."""
-    return count_requests(store)
-
-
-@pytest.fixture
-async def other(s3_server: S3Server, s3_bucket: str) -> AsyncIterator[S3Store]:
-    """Another node's client on the same bucket: the writer."""
-    store = s3_store(s3_server, s3_bucket)
-    yield store
-    await store.aclose()
+# The fixtures s3_server (session), s3_endpoint and s3_bucket (a fresh bucket);
+# store (the reader), counted (its requests) and other (the writer, another
+# node's client on the same bucket): tests/stores/s3_fixtures.py.
+pytest_plugins = ["tests.support.s3server", "tests.stores.s3_fixtures"]
 
 
 async def free_shard_3(writer: S3Store, versions: dict[int, str]) -> Lease:
