@@ -232,6 +232,31 @@ def test_the_parser_needs_no_temporary_directory(monkeypatch: pytest.MonkeyPatch
     assert args.shardset == "db"
 
 
+
+def test_the_agent_command_reads_tls_connections_in_small_pieces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its event loop starts, `shardlease agent` makes every TLS
+    connection of the process keep a read buffer of 32 KiB, not 256 KiB."""
+    import asyncio.sslproto
+
+    from shardlease.cli import main
+    from shardlease.k8s import agent
+
+    monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size",
+                        asyncio.sslproto.SSLProtocol.max_size)  # restored after the test
+    seen: list[int] = []
+
+    class Agent:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        async def run(self) -> None:
+            seen.append(asyncio.sslproto.SSLProtocol.max_size)
+
+    monkeypatch.setattr(agent, "Agent", Agent)
+    assert main(["agent", "--shardset", "db", "--namespace", "n", "--name", "db-0"]) == 0
+    assert seen == [32 * 1024]
+
 # An install without the development tools, or without the demo's extra:
 # their import is refused as if they were not there.
 WITHOUT = """

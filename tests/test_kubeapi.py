@@ -263,3 +263,60 @@ async def test_no_server_is_a_kube_api_error_naming_the_server() -> None:
             await client.call("GET", "/version", request_timeout=5)
     finally:
         await client.close()
+
+
+@pytest.fixture
+def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    import subprocess
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+async def test_small_tls_reads_keep_each_connection_small_and_every_answer_whole(
+        tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's reads of 32 KiB (not asyncio's 256 KiB buffer per TLS
+    connection) still bring an answer many times that size back intact."""
+    import asyncio.sslproto
+    import ssl
+
+    monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size",
+                        asyncio.sslproto.SSLProtocol.max_size)  # restored after the test
+    kubeapi.small_tls_reads()
+    assert asyncio.sslproto.SSLProtocol.max_size == kubeapi.TLS_READ_SIZE == 32 * 1024
+    cert, key = tls_cert
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    items = [{"name": f"lease-{i}", "holder": "x" * 200} for i in range(5000)]  # ~1.1 MB
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"items": items})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = kubeapi.KubeClient(kubeapi.Login(server=f"https://127.0.0.1:{port}",
+                                              source="test", ca_file=str(cert), token="t"))
+    try:
+        assert await client.call("GET", "/leases") == (200, {"items": items})
+        buffers = [len(t._ssl_protocol._ssl_buffer) for t in _tls_transports(client)]
+        assert buffers == [32 * 1024]
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+def _tls_transports(client: kubeapi.KubeClient) -> list[Any]:
+    """The TLS transports of the client's pooled connections."""
+    assert client._session is not None
+    pooled = client._session.connector._conns.values()  # type: ignore[union-attr]
+    return [proto.transport for conns in pooled for proto, _ in conns
+            if proto.transport is not None]

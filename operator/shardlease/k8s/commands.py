@@ -74,6 +74,7 @@ def _guarded(command: Callable[[argparse.Namespace], int]
 
 def run_agent(args: argparse.Namespace) -> int:
     from shardlease.k8s.agent import Agent
+    from shardlease.kubeapi import small_tls_reads
 
     if not args.namespace or not args.name:
         raise ConfigError("the agent needs --namespace and --name "
@@ -82,6 +83,7 @@ def run_agent(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     agent = Agent(namespace=args.namespace, shardset=args.shardset, pod_name=args.name,
                   port=args.port, host_url=args.host_url, kubeconfig=args.kubeconfig)
+    small_tls_reads()
     asyncio.run(agent.run())
     return 0
 
