@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -255,14 +256,54 @@ def _docker(*args: str, check: bool = True, input: bytes | None = None,
 
 
 @contextlib.contextmanager
-def docker_engine():
-    """A Docker engine for the duration: the running one, or a dockerd
-    started here and stopped at the end. It is started without iptables
-    rules, bridge or ip_forward change: builds use the host network."""
-    ensure_packages(IMAGE_PACKAGES)
-    if _docker("info", check=False, timeout=30).returncode == 0:
+def shared_daemon(name: str, running: Callable[[], bool], start: Callable[[], int],
+                  stop: Callable[[int], None]):
+    """A daemon for the duration, shared by every process of this machine
+    that asks for it: the running one, or one started here, stopped by the
+    last user to leave (never one started by somebody else).
+
+    Why not "whoever started it stops it": the suite's two pytest processes
+    each ask for the Docker engine, and the first to finish stopped it under
+    the other (a kind.sh test failed with "Cannot connect to the Docker
+    daemon"). Each user leaves a file named after its pid in `<name>.users/`,
+    so a user that died without leaving is not waited for."""
+    users = cp.cache_dir() / f"{name}.users"
+    pidfile = cp.cache_dir() / f"{name}.pid"
+    me = users / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def ours() -> int | None:
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pidfile.read_text())
+            if cp._alive(pid):
+                return pid
+        return None
+
+    with cp._file_lock(f"{name}.lock"):
+        if running() and ours() is None:
+            owned = False  # somebody else's: used, never stopped
+        else:
+            owned = True
+            if not running():
+                pidfile.write_text(f"{start()}\n")
+            users.mkdir(parents=True, exist_ok=True)
+            me.touch()
+    try:
         yield
-        return
+    finally:
+        if owned:
+            with cp._file_lock(f"{name}.lock"):
+                me.unlink(missing_ok=True)
+                left = [u for u in users.iterdir()
+                        if cp._alive(int(u.name.split("-", 1)[0]))]
+                for u in set(users.iterdir()) - set(left):
+                    u.unlink(missing_ok=True)  # a user that died without leaving
+                pid = ours()
+                if not left and pid is not None:
+                    stop(pid)
+                    pidfile.unlink(missing_ok=True)
+
+
+def _start_dockerd() -> int:
     _log("starting dockerd")
     logs = cp.cache_dir() / "dockerd.log"
     with open(logs, "ab") as logf:
@@ -270,26 +311,30 @@ def docker_engine():
                               "--bridge=none", "--ip-masq=false"],
                              stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    (cp.cache_dir() / "dockerd.pid").write_text(f"{p.pid}\n")
     try:
         _wait("dockerd", lambda: _docker("info", check=False, timeout=10).returncode == 0,
               90, p)
+    except BaseException:
+        cp._terminate(p.pid, "dockerd", timeout=30)
+        raise
+    return p.pid
+
+
+def _stop_dockerd(pid: int) -> None:
+    cp._terminate(pid, "dockerd", timeout=30)
+
+
+@contextlib.contextmanager
+def docker_engine():
+    """A Docker engine for the duration: the running one, or a dockerd
+    started here and stopped when its last user (of any process) is done.
+    It is started without iptables rules, bridge or ip_forward change:
+    builds use the host network."""
+    ensure_packages(IMAGE_PACKAGES)
+    with shared_daemon("dockerd",
+                       lambda: _docker("info", check=False, timeout=30).returncode == 0,
+                       _start_dockerd, _stop_dockerd):
         yield
-    finally:
-        stop_docker()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=5)
-
-
-def stop_docker() -> bool:
-    """Stop a dockerd that docker_engine started (never another)."""
-    f = cp.cache_dir() / "dockerd.pid"
-    if not f.exists():
-        return False
-    with contextlib.suppress(ValueError, OSError):
-        cp._terminate(int(f.read_text()), "dockerd", timeout=30)
-    f.unlink()
-    return True
 
 
 def _debian_mirror() -> str:
