@@ -1,10 +1,12 @@
 """A ShardSet spec change reaches running agents in place, on a real
-kube-apiserver: no agent restarts its loop, no shard is closed anywhere, and
-the leases carry the new TTL. The agents run as local processes (no kubelet),
+kube-apiserver: no agent restarts its loop, the change closes no shard
+anywhere (a renewal with no answer at the shortest TTL still fences), and the
+leases carry the new TTL. The agents run as local processes (no kubelet),
 each with a recording application behind its HTTP host."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -104,8 +106,27 @@ async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
             return all(len(v) >= 5 for v in versions.values())
         await eventually(renewed_five_times, "renewals at the new pace", every=0.2)
 
-        assert calls[seen:] == []  # not one open or close since the first change
-        assert {name: dict(a.open) for name, a in apps.items()} == before
+        # The change itself closes nothing. But at a 2 s TTL an agent whose
+        # renewal the API server does not answer within its budget (the
+        # suite's groups share 2 cores) fences, as it must, and takes the shard
+        # back at a new generation. So every close since the first change is
+        # a self-fence of a shard whose renewal got no answer, a repeat of a
+        # close is one of the same generation (calls are idempotent per
+        # generation), and the other shards are open where they were, at the
+        # same generation.
+        fenced = {p.name.removeprefix("agent-"): _fenced_unanswered(p.log) for p in procs}
+        since = _once_per_generation(calls[seen:])
+        for c in since:
+            assert c["action"] == "open" or c["shard"] in fenced[c["pod"]], \
+                f"{c} is not a fence after a renewal with no answer: {fenced}"
+        now = {s: (name, g) for name, a in apps.items() for s, g in a.open.items()}
+        then = {s: (name, g) for name, held in before.items() for s, g in held.items()}
+        assert set(now) == set(range(6)), now
+        again = {s for s in now if now[s] != then[s]}
+        assert again <= {c["shard"] for c in since if c["action"] == "close"}, (now, then)
+        assert all(now[s][1] > then[s][1] for s in again), (now, then)
+        print(f"\n[reconfigure] at a 2 s TTL: {len(again)} shard(s) fenced after a "
+              f"renewal with no answer, and reopened at a new generation: {sorted(again)}")
         for p in procs:
             assert p.popen.poll() is None, p.tail()
             log = p.log.read_text(errors="replace")
@@ -121,7 +142,8 @@ async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
         # twice, but never open on two pods at once, and every open is paired
         # with a close on the same pod.
         _assert_handoffs_pair_up(
-            {s: name for name, held in before.items() for s in held}, calls[seen:])
+            {s: name for name, held in before.items() for s in held},
+            _once_per_generation(calls[seen:]))
         assert {c["shard"] for c in calls[seen:] if c["action"] == "close"} == set(range(6))
         assert all(a.open == {} for a in apps.values()), {n: a.open for n, a in apps.items()}
     finally:
@@ -135,6 +157,36 @@ async def _all_reported(reported: Any) -> list[str] | None:
     messages: list[str] = await reported()
     return messages if {m.split(" ", 1)[0] for m in messages} >= set(PODS) else None
 
+
+
+def _once_per_generation(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls without the repeats of a close: an agent that gave up on a
+    close repeats it before it opens the shard again."""
+    out, closed = [], set()
+    for c in calls:
+        key = (c["pod"], c["shard"], c["generation"])
+        if c["action"] == "close":
+            if key in closed:
+                continue
+            closed.add(key)
+        out.append(c)
+    return out
+
+
+def _fenced_unanswered(log: Path) -> set[int]:
+    """The shards an agent's log says it fenced, each after a renewal of it
+    that got no answer in time (not a refusal, nor anything else)."""
+    fenced, unanswered = set(), set()
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"\b(self_fence|renew_failed) .*?shards=\(([\d, ]*)\)(.*)", line)
+        if m is None:
+            continue
+        shards = {int(x) for x in m.group(2).replace(",", " ").split()}
+        if m.group(1) == "self_fence":
+            fenced |= shards
+        elif "no answer within" in m.group(3):
+            unanswered |= shards
+    return fenced & unanswered
 
 
 def _assert_handoffs_pair_up(held: dict[int, str], calls: list[dict[str, Any]]) -> None:
