@@ -6,7 +6,6 @@ each with a recording application behind its HTTP host."""
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from shardlease.stores.kubernetes import ANN_TTL, lease_name
+from tests.support.fencelog import fenced_unanswered
 
 from .scenario import Proc, RecordingApp, apply_crd, eventually, free_port, ready_pods, spawn
 
@@ -114,7 +114,8 @@ async def test_a_lease_ttl_change_closes_no_shard_on_any_agent(
         # close is one of the same generation (calls are idempotent per
         # generation), and the other shards are open where they were, at the
         # same generation.
-        fenced = {p.name.removeprefix("agent-"): _fenced_unanswered(p.log) for p in procs}
+        fenced = {p.name.removeprefix("agent-"):
+                  fenced_unanswered(p.log.read_text(errors="replace")) for p in procs}
         since = _once_per_generation(calls[seen:])
         for c in since:
             assert c["action"] == "open" or c["shard"] in fenced[c["pod"]], \
@@ -171,22 +172,6 @@ def _once_per_generation(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             closed.add(key)
         out.append(c)
     return out
-
-
-def _fenced_unanswered(log: Path) -> set[int]:
-    """The shards an agent's log says it fenced, each after a renewal of it
-    that got no answer in time (not a refusal, nor anything else)."""
-    fenced, unanswered = set(), set()
-    for line in log.read_text(errors="replace").splitlines():
-        m = re.search(r"\b(self_fence|renew_failed) .*?shards=\(([\d, ]*)\)(.*)", line)
-        if m is None:
-            continue
-        shards = {int(x) for x in m.group(2).replace(",", " ").split()}
-        if m.group(1) == "self_fence":
-            fenced |= shards
-        elif "no answer within" in m.group(3):
-            unanswered |= shards
-    return fenced & unanswered
 
 
 def _assert_handoffs_pair_up(held: dict[int, str], calls: list[dict[str, Any]]) -> None:

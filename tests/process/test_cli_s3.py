@@ -15,7 +15,7 @@ from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.slow
 
-# The fixtures s3_server (moto's S3 server over HTTP on loopback, session-wide).
+# The fixtures s3_server (MinIO over HTTP on loopback, session-wide: conftest.py).
 pytest_plugins = ["tests.support.s3server"]
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_REGION": "us-east-1",

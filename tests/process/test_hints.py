@@ -1,5 +1,5 @@
 """`shardlease node --hints` as typed: real processes on the file store and
-on S3 (moto), a long interval (10 s), and a graceful stop. The survivor must
+on S3 (MinIO), a long interval (10 s), and a graceful stop. The survivor must
 take the stopped node's shards in a round its hint woke, not at its next
 round of its time; the overlap checker runs over everything recorded.
 

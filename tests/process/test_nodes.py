@@ -29,14 +29,14 @@ SHARDS = 16
 TTL = 2.0
 
 
-# The fixtures s3_server (moto's S3 server over HTTP on loopback, session-wide).
+# The fixtures s3_server (MinIO over HTTP on loopback, session-wide: conftest.py).
 pytest_plugins = ["tests.support.s3server"]
 
 
 @pytest.fixture(params=["file-shard", "file-node", "s3-shard", "s3-node"])
 def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
             tmp_path: Path) -> LocalCluster:
-    """The nodes' store, the embedded file store or S3 (moto) over HTTP, and
+    """The nodes' store, the embedded file store or S3 (MinIO) over HTTP, and
     how they keep their leases (per-shard or node-epoch renewal)."""
     return cluster_on(request.param, request, make_cluster, tmp_path, shards=SHARDS, ttl=TTL)
 
