@@ -35,7 +35,11 @@ class StoreFault:
     seeded RNG per node. `calls` limits the fault to those store methods
     (`STORE_CALLS`); None means every call. `stale`: the node's listings
     in the window all return what its first listing in it returned (a view
-    stale by up to the window: a lagging cache or watch)."""
+    stale by up to the window: a lagging cache or watch). `reply_share`: the
+    share of each call's delay that comes after the store applied it (the
+    answer on its way back; 0: the whole delay is before): a call its caller
+    stops waiting for in that part (cancelled, or past its budget) has
+    landed unheard, as an HTTP request whose client gave up may have."""
 
     at: float
     until: float
@@ -46,8 +50,11 @@ class StoreFault:
     lost_reply_rate: float = 0.0
     calls: frozenset[str] | None = None
     stale: bool = False
+    reply_share: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.reply_share <= 1.0:
+            raise ValueError(f"reply_share must be within [0, 1]: {self.reply_share}")
         if self.calls is not None and not self.calls <= STORE_CALLS:
             raise ValueError(f"unknown store calls {sorted(self.calls - STORE_CALLS)}; "
                              f"use some of {sorted(STORE_CALLS)}")

@@ -256,7 +256,10 @@ class _Drawer:
                            latency=round(t * rng.choice((0.0, 0.0, 0.02, 0.1, 0.3)), 2),
                            jitter=round(t * rng.choice((0.0, 0.03, 0.1)), 2),
                            error_rate=rng.choice((0.0, 0.1, 0.5, 1.0)),
-                           lost_reply_rate=rng.choice((0.0, 0.1, 0.3)))]
+                           lost_reply_rate=rng.choice((0.0, 0.1, 0.3)),
+                           # Half the delay on the answer's way back: a call
+                           # given up on (a stop cancels a beat) may have landed.
+                           reply_share=rng.choice((0.0, 0.5)))]
 
     def store_one(self) -> list[Fault]:
         at, rng = self.at(), self.rng

@@ -278,14 +278,18 @@ class SimStore(LeaseStore):
         self.times.append(self.world.now())
         node, rng = self.node, self.node.store_rng
         await node.gate()
-        latency, jitter, error_rate, lost_rate = self.world.store_conditions(node.name, method)
+        latency, jitter, error_rate, lost_rate, reply_share = \
+            self.world.store_conditions(node.name, method)
         delay = latency + (rng.uniform(0, jitter) if jitter > 0 else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay * (1 - reply_share) > 0:
+            await asyncio.sleep(delay * (1 - reply_share))
         if error_rate > 0 and rng.random() < error_rate:
             await node.gate()
             raise StoreError(f"injected {kind} failure")
         result = await op()
+        if delay * reply_share > 0:
+            # Applied: a caller that gives up from now on has written unheard.
+            await asyncio.sleep(delay * reply_share)
         if lost_rate > 0 and rng.random() < lost_rate:
             await node.gate()
             raise StoreError(f"injected {kind} failure: the reply was lost")
@@ -554,16 +558,19 @@ class World:
                 return f.at
         return None
 
-    def store_conditions(self, name: str, method: str) -> tuple[float, float, float, float]:
-        """latency, jitter, error rate, lost-reply rate for a call of `method` starting now."""
-        latency = jitter = 0.0
+    def store_conditions(self, name: str,
+                         method: str) -> tuple[float, float, float, float, float]:
+        """latency, jitter, error rate, lost-reply rate and reply share for a
+        call of `method` starting now."""
+        latency = jitter = reply_share = 0.0
         ok = lost_ok = 1.0
         for f in self.store_faults:
             if self._active(f, name) and (f.calls is None or method in f.calls):
                 latency, jitter = max(latency, f.latency), max(jitter, f.jitter)
+                reply_share = max(reply_share, f.reply_share)
                 ok *= 1 - f.error_rate
                 lost_ok *= 1 - f.lost_reply_rate
-        return latency, jitter, 1 - ok, 1 - lost_ok
+        return latency, jitter, 1 - ok, 1 - lost_ok, reply_share
 
     def host_conditions(self, name: str) -> tuple[float, float, float, float]:
         """open latency, close latency, open error rate, close error rate."""
