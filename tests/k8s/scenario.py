@@ -55,6 +55,28 @@ async def eventually(check: Callable[[], Awaitable[T]], what: str, timeout: floa
         await asyncio.sleep(every)
 
 
+async def event_reasons(api: client.ApiClient, namespace: str, field_selector: str,
+                        want: set[str], timeout: float = 60.0) -> set[str]:
+    """Wait until the Events matching `field_selector` include every reason in `want`.
+
+    One read is not enough: kopf posts the events an operator emits from a
+    queue of its own, after (and apart from) the status patch a test waits
+    for, so an event can be listed a moment later than its condition.
+    """
+    core = client.CoreV1Api(api)
+    seen: set[str] = set()
+
+    async def has() -> set[str] | None:
+        nonlocal seen
+        events = await core.list_namespaced_event(namespace, field_selector=field_selector)
+        seen = {ev.reason for ev in events.items}
+        return seen if want <= seen else None
+    try:
+        return await eventually(has, f"events {sorted(want)} on {field_selector}", timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; reasons seen: {sorted(seen)}") from None
+
+
 async def apply_crd(api: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api)
     body = yaml.safe_load(CRD.read_text())

@@ -33,6 +33,7 @@ from .scenario import (
     bind_cluster_role,
     chart_cluster_roles,
     delete_cluster_roles,
+    event_reasons,
     eventually,
     free_port,
     make_webhook_cert,
@@ -297,10 +298,8 @@ async def test_an_annotated_statefulset_gets_placed_shards_and_survives_failures
         await eventually(lambda: balanced(["db-0"]), "db-0 to own every shard", 60)
 
         # Kubernetes Events tell the story on the ShardSet.
-        events = await core.list_namespaced_event(
-            namespace, field_selector="involvedObject.kind=ShardSet,involvedObject.name=db")
-        reasons = {e.reason for e in events.items}
-        assert {"Claimed", "Released"} <= reasons
+        await event_reasons(api, namespace, "involvedObject.kind=ShardSet,involvedObject.name=db",
+                            {"Claimed", "Released"})
 
         # -- a malformed annotation: Warning Event and a False condition ----------
         await apps.patch_namespaced_stateful_set(

@@ -22,6 +22,7 @@ from .scenario import (
     bind_cluster_role,
     chart_cluster_roles,
     delete_cluster_roles,
+    event_reasons,
     eventually,
     free_port,
     make_webhook_cert,
@@ -173,10 +174,8 @@ async def test_the_default_service_account_is_refused_and_missing_agents_are_rep
         agents = await eventually(missing, "AgentsInjected=False for the pods made earlier")
         assert agents["reason"] == "AgentMissing"
         assert "db-0" in agents["message"] and "db-1" in agents["message"]
-        events = await core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=db")
-        reasons = {ev.reason for ev in events.items}
-        assert {"DefaultServiceAccount", "AgentMissing"} <= reasons, reasons
+        await event_reasons(api, namespace, "involvedObject.name=db",
+                            {"DefaultServiceAccount", "AgentMissing"})
 
         # Allowing the default account by annotation binds it.
         await apps.patch_namespaced_stateful_set("db", namespace, {"metadata": {"annotations": {
@@ -426,7 +425,7 @@ async def test_an_account_name_the_isolation_policies_cannot_name_is_reported(
     # so they cannot protect its leases. Before, only a line in the
     # operator's log said so.
     api = api_client
-    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    apps = client.AppsV1Api(api)
     await apply_crd(api)
     long_name = "a" * 64 + "-agents"
     body = statefulset("db", namespace, {"shardlease.io/shards": "4"})
@@ -439,9 +438,7 @@ async def test_an_account_name_the_isolation_policies_cannot_name_is_reported(
             return c if c and c["status"] == "False" else None
         c = await eventually(unlabelled, "AccountLabelled=False for a 71-character account")
         assert c["reason"] == "AccountNameTooLong" and long_name in c["message"]
-        events = await core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=db")
-        assert "AccountNameTooLong" in {ev.reason for ev in events.items}
+        await event_reasons(api, namespace, "involvedObject.name=db", {"AccountNameTooLong"})
 
         # A name that fits: the label is set and the condition says so.
         await apps.patch_namespaced_stateful_set("db", namespace, {"spec": {"template": {
