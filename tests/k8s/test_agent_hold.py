@@ -49,6 +49,14 @@ async def ended_epoch_holds(api: client.ApiClient, ns: str, node: str) -> list[f
     return holds
 
 
+async def hold_events(api: client.ApiClient, ns: str) -> list[tuple[str, str]]:
+    """The agents' word on each stop's hold: (reason, message), oldest first."""
+    events = await client.CoreV1Api(api).list_namespaced_event(ns)
+    return [(e.reason, e.message) for e in sorted(
+        events.items, key=lambda e: (e.metadata.creation_timestamp, e.metadata.name))
+        if e.reason in ("HandoffHold", "HandoffMove")]
+
+
 async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_never_does(
         namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
     api = api_client
@@ -103,6 +111,9 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
         assert await procs["db-1"].wait(60) == 0, procs["db-1"].tail()
         assert await ended_epoch_holds(api, namespace, "db-1") == [600.0]
         assert "kept for this pod's name for 600s" in procs["db-1"].log.read_text()
+        told = await hold_events(api, namespace)
+        assert [(r, "kept for its name for 600s" in m and "below replicas 2" in m)
+                for r, m in told] == [("HandoffHold", True)], told
         # db-0 leaves them alone: without the hold it takes them within a
         # round (1 s); here not in several TTLs.
         await asyncio.sleep(4 * TTL)
@@ -126,6 +137,8 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
         procs["db-1"].signal(signal.SIGTERM)
         assert await procs["db-1"].wait(60) == 0, procs["db-1"].tail()
         assert "is scaled away (replicas 1)" in procs["db-1"].log.read_text()
+        told = await hold_events(api, namespace)
+        assert [r for r, m in told if "scaled away (replicas 1)" in m] == ["HandoffMove"], told
 
         async def taken_over() -> bool:
             return set(apps["db-0"].open) == set(range(SHARDS))

@@ -586,8 +586,15 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
                         "--timeout", "300s", timeout=320)
         status = eventually(lambda: app.balanced(3), "Balanced after the held rollout", 180)
     report(f"{policy}: rollout restart, handoff hold", t0, sampler)
-    assert status["owners"] == owners_before, (owners_before, status["owners"])
-    assert sampler.figures()["moves"] == 0, sampler.figures()
+    # Each agent says at its stop whether it held and why (HandoffHold, or
+    # HandoffMove with the reason): what a moved shard needs explained.
+    told = [f"{e['reason']}: {e.get('message', '')}" for e in sorted(
+        cluster.get("events", "-n", ns)["items"],
+        key=lambda e: e["metadata"].get("creationTimestamp") or "")
+        if e["reason"] in ("HandoffHold", "HandoffMove", "SelfFenced", "Lost", "RenewFailed")]
+    print(f"[pods] {policy}: the held rollout's stops: " + "; ".join(told))
+    assert status["owners"] == owners_before, (owners_before, status["owners"], told)
+    assert sampler.figures()["moves"] == 0, (sampler.figures(), told)
     assert app.last_rollout()["moves"] == 0
     assert {k: app.read(k) for k in keys} == keys
 

@@ -47,8 +47,10 @@ from shardlease.errors import ConfigError, ShardleaseError, StoreError
 from shardlease.errors import LoopDied as LoopDied  # (re-exported: its old home)
 from shardlease.hints import HintChannel
 from shardlease.hosts.http import HttpHost
+from shardlease.k8s import hold
 from shardlease.k8s.discovery import Peers
 from shardlease.k8s.drain import ANNOUNCE_WAIT, KILLING, restart_counts, restarted, verdict
+from shardlease.k8s.hold import Hold
 from shardlease.k8s.inject import AGENT
 from shardlease.k8s.login import identity, register_login
 from shardlease.k8s.spec import ShardSetSpec
@@ -373,12 +375,16 @@ class Agent:
                     "draining" if self._resume is not None else \
                     "the ShardSet was deleted" if self.spec is None else \
                     "the ShardSet's store or renewal changed (a restart of the loop)"
-                hold = await self._hold_seconds(current) \
-                    if why in ("stopping", "draining") else 0.0
+                decided, told = await self._hold(current, why) \
+                    if why in ("stopping", "draining") else (None, None)
+                held = decided.seconds if decided else 0.0
                 logger.info("%s: closing every shard and freeing its lease%s", why,
-                            f", kept for this pod's name for {hold:g}s (handoff: hold)"
-                            if hold else "")
-                await loop.stop(hold)
+                            f", kept for this pod's name for {held:g}s (handoff: hold)"
+                            if held else "")
+                await loop.stop(held)
+                if told is not None:  # told while the shards closed; a stuck post is let go
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(told), 3.0)
             try:
                 await task
             except asyncio.CancelledError:
@@ -682,35 +688,26 @@ class Agent:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(self._owner_json(shard))
 
-    async def _hold_seconds(self, spec: ShardSetSpec) -> float:
-        """How long this pod's shards are kept for its name as it stops
-        (`handoff: hold`): the ShardSet's holdSeconds, unless the pod is going
-        for good, a scale-down (its ordinal at or above the StatefulSet's
-        replicas, read now: the controller lowers them before it deletes the
-        pod). 0 if the StatefulSet cannot be read: a move costs less than
-        shards left closed for nobody."""
-        if spec.handoff != "hold":
-            return 0.0
-        _, _, tail = self.pod_name.rpartition("-")
-        if not tail.isdigit():
-            return spec.hold_seconds  # (not a StatefulSet's pod name: nothing scales it away)
-        path = f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/{spec.stateful_set}"
-        try:
-            code, body = await asyncio.wait_for(self.api.call("GET", path), 5.0)
-        except Exception as e:
-            logger.warning("handoff hold: cannot read StatefulSet %s (%s): freeing the shards "
-                           "for the other pods", spec.stateful_set, e)
-            return 0.0
-        replicas = ((body.get("spec") or {}).get("replicas")) if code == 200 else None
-        if not isinstance(replicas, int):
-            logger.warning("handoff hold: cannot read StatefulSet %s (%s %s): freeing the shards "
-                           "for the other pods", spec.stateful_set, code, body.get("message", ""))
-            return 0.0
-        if int(tail) >= replicas:
-            logger.info("handoff hold: %s is scaled away (replicas %d): freeing its shards for "
-                        "the other pods", self.pod_name, replicas)
-            return 0.0
-        return spec.hold_seconds
+    async def _hold(self, spec: ShardSetSpec, why: str) -> tuple[Hold, asyncio.Task[Any] | None]:
+        """How long this pod's shards are kept for its name as it stops, and
+        why (shardlease.k8s.hold): told in the log and in an Event (the task
+        posting it, which the stop need not wait for), so that a shard that
+        moved in a held restart says why it did."""
+        read = None
+        if hold.needs_replicas(spec.handoff, self.pod_name):
+            path = (f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/"
+                    f"{spec.stateful_set}")
+            read = await hold.read_replicas(lambda: self.api.call("GET", path))
+        decided = hold.decide(spec.handoff, spec.hold_seconds, self.pod_name, read)
+        if spec.handoff == "hold":
+            kept = (f"its shards are kept for its name for {decided.seconds:g}s"
+                    if decided.seconds else "its shards are freed for the other pods")
+            message = f"{self.pod_name} {why}: {kept}: {decided.why}"
+            (logger.warning if decided.unknown else logger.info)("handoff hold: %s", message)
+            return decided, self._spawn(self._post(
+                "Warning" if decided.unknown else "Normal",
+                "HandoffHold" if decided.seconds else "HandoffMove", message), "hold-event")
+        return decided, None
 
     async def _owners(self, _: web.Request) -> web.Response:
         spec = self.spec
