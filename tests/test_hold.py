@@ -6,11 +6,20 @@ restart a move."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from shardlease.k8s.hold import ReplicasRead, decide, needs_replicas, parse_replicas, read_replicas
+from shardlease.k8s.hold import (
+    READ_BUDGET,
+    ReplicasRead,
+    decide,
+    needs_replicas,
+    parse_replicas,
+    read_budget,
+    read_replicas,
+)
 
 R = ReplicasRead
 
@@ -92,7 +101,8 @@ async def test_errors_that_may_pass_are_retried_and_one_that_will_not_is_not() -
     assert await read_replicas(get, budget=3.0, attempt_timeout=0.5) == R(2)
     assert get.calls == 3
     refused = Script((403, {"message": "forbidden"}))
-    assert await read_replicas(refused, budget=3.0) == R(None, "403 forbidden, after 1 attempt(s)")
+    assert await read_replicas(refused, budget=3.0) == R(
+        None, "403 forbidden, after 1 attempt(s) within 3s")
     assert refused.calls == 1
 
 
@@ -111,4 +121,82 @@ async def test_a_read_that_never_succeeds_gives_up_within_its_budget_and_says_wh
     get = Costly(ConnectionRefusedError("refused"))
     read = await read_replicas(get, budget=1.0, attempt_timeout=0.2, clock=clock)
     assert read.replicas is None and not read.gone and get.calls == 2
-    assert read.error == "ConnectionRefusedError: refused, after 2 attempt(s)"
+    assert read.error == "ConnectionRefusedError: refused, after 2 attempt(s) within 1s"
+
+
+NOW = datetime(2026, 12, 6, 12, 0, 0, tzinfo=UTC)
+
+
+def pod(grace: Any = None, deletion_grace: Any = None, deleted_in: float | None = None,
+        stamp: Any = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "db-1"}
+    if deletion_grace is not None:
+        meta["deletionGracePeriodSeconds"] = deletion_grace
+    if deleted_in is not None:
+        meta["deletionTimestamp"] = (NOW + timedelta(seconds=deleted_in)).isoformat().replace(
+            "+00:00", "Z")
+    if stamp is not None:
+        meta["deletionTimestamp"] = stamp
+    spec: dict[str, Any] = {"containers": []}
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {"metadata": meta, "spec": spec}
+
+
+@pytest.mark.parametrize(("the_pod", "stopping_for", "seconds", "why"), [
+    # The API's default grace (30 s): the whole budget.
+    (None, 0.0, READ_BUDGET, "default grace period (30s)"),
+    (pod(), 0.0, READ_BUDGET, "default grace period (30s)"),
+    # 40 % of what is left: the rest closes the shards and frees the leases.
+    (pod(grace=10), 0.0, 4.0, "the pod's grace period (10s), 10.0s of it left"),
+    (pod(grace=10), 5.0, 2.0, "5.0s of it left"),
+    (pod(grace=10), 12.0, 0.0, "0.0s of it left"),
+    (pod(grace=0), 0.0, 0.0, "the pod's grace period (0s)"),
+    (pod(grace=600), 0.0, READ_BUDGET, "the pod's grace period (600s)"),
+    # `kubectl delete --grace-period=5` overrides the pod's own.
+    (pod(grace=60, deletion_grace=5), 0.0, 2.0, "the deletion's grace period (5s)"),
+    # Told late (a native sidecar stops after the application's containers):
+    # the deletionTimestamp is nearer than the grace counted from here.
+    (pod(grace=30, deletion_grace=30, deleted_in=10), 0.0, 4.0,
+     "10.0s left until the pod's deletionTimestamp"),
+    (pod(grace=30, deletion_grace=30, deleted_in=-3), 0.0, 0.0,
+     "0.0s left until the pod's deletionTimestamp"),
+    # A deletionTimestamp further away than the grace counted here changes nothing.
+    (pod(grace=10, deletion_grace=10, deleted_in=25), 0.0, 4.0, "the deletion's grace period"),
+    # What cannot be read as seconds or as a time is not taken for them.
+    (pod(grace="10"), 0.0, READ_BUDGET, "default grace period"),
+    (pod(grace=True), 0.0, READ_BUDGET, "default grace period"),
+    (pod(grace=-1), 0.0, READ_BUDGET, "default grace period"),
+    (pod(grace=float("nan")), 0.0, READ_BUDGET, "default grace period"),
+    (pod(grace=10, deletion_grace="soon"), 0.0, 4.0, "the pod's grace period"),
+    (pod(grace=10, stamp="yesterday"), 0.0, 4.0, "the pod's grace period"),
+    (pod(grace=10, stamp="2026-12-06T12:00:01"), 0.0, 4.0, "the pod's grace period"),
+    ({"metadata": None, "spec": "x"}, 0.0, READ_BUDGET, "default grace period"),
+])
+def test_the_read_takes_a_share_of_the_grace_left(the_pod: dict[str, Any] | None,
+                                                  stopping_for: float, seconds: float,
+                                                  why: str) -> None:
+    got = read_budget(the_pod, NOW, stopping_for)
+    assert got.seconds == pytest.approx(seconds)
+    assert why in got.why, got.why
+
+
+async def test_a_short_grace_gives_up_the_read_in_time_for_the_close() -> None:
+    # A pod with a 5 s grace and an API server that never answers: the read
+    # gives up after 2 s of virtual time, leaving 3 s for the close.
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    class Hangs(Script):
+        async def __call__(self) -> tuple[int, Any]:
+            self.calls += 1
+            now[0] += 0.5
+            raise TimeoutError()
+    budget = read_budget(pod(grace=5), NOW, 0.0)
+    get = Hangs()
+    read = await read_replicas(get, budget=budget.seconds, clock=clock)
+    assert budget.seconds == 2.0 and read.replicas is None and not read.gone
+    assert now[0] <= 2.0 + 0.5, now[0]
+    assert read.error.endswith("within 2s"), read.error

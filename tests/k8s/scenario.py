@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -151,14 +151,17 @@ async def mark_ready(api: client.ApiClient, namespace: str, name: str, ready: bo
 
 
 async def ready_pods(api: client.ApiClient, namespace: str, names: Iterable[str],
-                     labels: dict[str, str]) -> None:
-    """Bare pods marked Ready (no kubelet here): what peer discovery sees."""
+                     labels: dict[str, str],
+                     specs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Bare pods marked Ready (no kubelet here): what peer discovery sees.
+    `specs`: fields added to a pod's spec, by its name."""
     core = client.CoreV1Api(api)
     for name in names:
         await core.create_namespaced_pod(namespace, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": dict(labels)},
-            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}})
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}],
+                     **(specs or {}).get(name, {})}})
         await mark_ready(api, namespace, name)
 
 

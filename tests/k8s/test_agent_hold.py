@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,9 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
         "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
                  "store": f"kubernetes://{namespace}", "leaseTTL": TTL, "renewal": "node"}})
-    await ready_pods(api, namespace, PODS, {"app": "db"})
+    # db-1's grace period is 20 s: its StatefulSet read may take 40 % of it.
+    await ready_pods(api, namespace, PODS, {"app": "db"},
+                     specs={"db-1": {"terminationGracePeriodSeconds": 20}})
 
     calls: list[dict[str, Any]] = []
     apps: dict[str, RecordingApp] = {}
@@ -110,7 +113,14 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
         procs["db-1"].signal(signal.SIGTERM)
         assert await procs["db-1"].wait(60) == 0, procs["db-1"].tail()
         assert await ended_epoch_holds(api, namespace, "db-1") == [600.0]
-        assert "kept for this pod's name for 600s" in procs["db-1"].log.read_text()
+        log = procs["db-1"].log.read_text()
+        assert "kept for this pod's name for 600s" in log
+        # The read's budget comes from the pod as the watch showed it: 40 %
+        # of its 20 s grace, less 40 % of the moment since the SIGTERM.
+        budget = re.search(r"replicas within ([0-9.]+)s \(40% of the pod's grace period \(20s\)",
+                           log)
+        assert budget and 7.0 < float(budget[1]) <= 8.0, \
+            [ln for ln in log.splitlines() if "replicas within" in ln]
         told = await hold_events(api, namespace)
         assert [(r, "kept for its name for 600s" in m and "below replicas 2" in m)
                 for r, m in told] == [("HandoffHold", True)], told

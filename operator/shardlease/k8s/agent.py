@@ -130,6 +130,9 @@ class Agent:
         self._own_pod_changed = asyncio.Event()
         #: Set while a drain that is not the pod's end holds the loop stopped.
         self._resume: asyncio.Event | None = None
+        #: When (monotonic) this pod was first asked to stop or to pause: the
+        #: kubelet's grace period runs from about then (k8s/hold.py read_budget).
+        self._stop_began: float | None = None
         self._paused = asyncio.Event()
         self.body: dict[str, Any] | None = None
         self.spec: ShardSetSpec | None = None
@@ -221,17 +224,25 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def shutdown(self) -> None:
-        """Close every shard and free every lease; idempotent."""
+    def _began_stopping(self, at: float | None) -> None:
+        at = time.monotonic() if at is None else at
+        self._stop_began = at if self._stop_began is None else min(self._stop_began, at)
+
+    async def shutdown(self, asked: float | None = None) -> None:
+        """Close every shard and free every lease; idempotent. `asked`: when
+        (monotonic) the stop was asked for, if before now (a drain's request)."""
+        self._began_stopping(asked)
         self._stopping.set()
         self._changed.set()
         if self._resume is not None:
             self._resume.set()
         await self._stopped.wait()
 
-    async def pause(self, before: dict[str, int], resume_after: float) -> None:
+    async def pause(self, before: dict[str, int], resume_after: float,
+                    asked: float | None = None) -> None:
         """Stop the loop (close every shard, free every lease) until one of the
         containers counted in `before` restarted, or `resume_after` seconds passed."""
+        self._began_stopping(asked)
         if self._resume is None:
             resume = self._resume = asyncio.Event()
             self._paused.clear()
@@ -303,6 +314,8 @@ class Agent:
                     self._paused.set()
                     await resume.wait()
                     self._resume = None
+                    if not self._stopping.is_set():
+                        self._stop_began = None  # the pause is over: no grace runs
                     self._paused.clear()
                     continue
                 spec = self.spec
@@ -697,7 +710,13 @@ class Agent:
         if hold.needs_replicas(spec.handoff, self.pod_name):
             path = (f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets/"
                     f"{spec.stateful_set}")
-            read = await hold.read_replicas(lambda: self.api.call("GET", path))
+            began = self._stop_began if self._stop_began is not None else time.monotonic()
+            budget = hold.read_budget(self.own_pod, dt.datetime.now(dt.UTC),
+                                      time.monotonic() - began)
+            logger.info("handoff hold: reading the StatefulSet's replicas within %gs "
+                        "(%g%% of %s)", budget.seconds, 100 * hold.GRACE_SHARE, budget.why)
+            read = await hold.read_replicas(lambda: self.api.call("GET", path),
+                                            budget=budget.seconds)
         decided = hold.decide(spec.handoff, spec.hold_seconds, self.pod_name, read)
         if spec.handoff == "hold":
             kept = (f"its shards are kept for its name for {decided.seconds:g}s"
@@ -771,6 +790,7 @@ class Agent:
     async def _drain(self, request: web.Request) -> web.Response:
         """The request is not trusted (anyone on the pod network can send it):
         what it comes to is decided by the API server's view (k8s/drain.py)."""
+        asked = time.monotonic()
         if self._stopping.is_set():
             await self.shutdown()
             return web.Response(text="drained\n")
@@ -783,13 +803,14 @@ class Agent:
         kind, why, pod = await asyncio.shield(self._looking)
         if kind == "final":
             logger.info("drain from %s: %s: handing every shard off", request.remote, why)
-            await self.shutdown()
+            await self.shutdown(asked)
             return web.Response(text="drained\n")
         if kind == "pause":
             logger.info("drain from %s: %s: handing the shards off until it is back",
                         request.remote, why)
             ttl = self.spec.lease_ttl if self.spec is not None else 15.0
-            await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl))
+            await self.pause(restart_counts(pod, AGENT), resume_after=max(30.0, 2 * ttl),
+                             asked=asked)
             return web.Response(text="paused: the shards are handed off until the application "
                                      "restarts\n")
         logger.warning("drain from %s refused: %s", request.remote, why)
