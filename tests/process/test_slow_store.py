@@ -40,6 +40,7 @@ from shardlease_tools.bench import SLOW_KEEPS, SLOW_PHASES, open_on, phase_figur
 from shardlease_tools.faultproxy import Faults, Seen
 from tests.support.faultproxy import MakeProxy
 from tests.support.s3server import S3Server
+from tests.support.stalls import StallWatch
 
 from .cluster import counts
 from .conftest import MakeCluster
@@ -86,12 +87,13 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
     assert counts(owners)[SLOWED] == SHARDS // len(NAMES)
 
     marks: list[tuple[str, float, float, Counter[str]]] = []
-    for label, latency, errors in SLOW_PHASES:
-        proxy.set(Faults(latency=latency * TTL, error_rate=errors))
-        before, start = proxy.counts(), time.time()
-        time.sleep(PHASE)
-        marks.append((label, start, time.time(), proxy.counts() - before))
-        assert cluster.running() == set(NAMES), f"a node exited during {label}"
+    with StallWatch() as watch:
+        for label, latency, errors in SLOW_PHASES:
+            proxy.set(Faults(latency=latency * TTL, error_rate=errors))
+            before, start = proxy.counts(), time.time()
+            time.sleep(PHASE)
+            marks.append((label, start, time.time(), proxy.counts() - before))
+            assert cluster.running() == set(NAMES), f"a node exited during {label}"
     proxy.set(Faults())
     recovered_at, before = time.time(), proxy.counts()
     # Liveness after the fault: the slowed node gets a fair share back, open
@@ -130,8 +132,14 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
     # phase): a fence is then the design, and allowed only after a renewal
     # of which the store refused every try, and that was tried MIN_TRIES
     # times at least (a warm CI run at 19a08b0: shard 7, five tries refused).
+    # Only a stall of the machine itself (tests/support/stalls.py) within a
+    # TTL before a fence excuses it (printed; cold CI run at 41c8be6: a
+    # fence 0.9 s into the 503 phase, its renewal sent 0.6 s late under the
+    # previous phase's 0.9 s latency, a 2.5 s deadline away).
     share = SHARDS // len(NAMES)
     history = proxy.history()
+    for stall in watch.stalls:
+        print(f"  the machine stalled {stall.late:.2f}s at +{stall.woke - marks[0][1]:.1f}s")
     for f, (label, start, end, _) in zip(figures, marks, strict=False):
         if f.label not in SLOW_KEEPS:
             continue
@@ -140,8 +148,16 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
         refusing = dict((p[0], p[2]) for p in SLOW_PHASES)[label] > 0
         fences = [e for e in logged if e.get("event") == "self_fence"
                   and start <= float(e["ts"]) <= end]
+        excused = [e for e in fences if watch.before(float(e["ts"]), TTL)]
+        for fence in excused:
+            print(f"  {label}: fence of {fence['shards']} excused: the machine stalled "
+                  f"{[round(s.late, 2) for s in watch.before(float(fence['ts']), TTL)]}s "
+                  "in the TTL before it")
+        fences = [e for e in fences if e not in excused]
         if not refusing:
-            assert (f.self_fences, f.held_min, f.held_end) == (0, share, share), f.row()
+            assert fences == [], f"{f.row()}\n{fences}"
+            if not excused:
+                assert (f.self_fences, f.held_min, f.held_end) == (0, share, share), f.row()
             continue
         for fence in fences:
             for shard in fence["shards"]:
