@@ -189,7 +189,17 @@ def test_a_terminated_node_frees_its_leases_before_it_exits(cluster: LocalCluste
     assert all(after[s]["generation"] > g for s, g in held.items())
     events = wait_events(cluster, f"{victim}'s shards opened elsewhere",
                          lambda ev: set(held) <= opened_elsewhere(ev, victim, 0.0))
-    for shard in held:  # closed there before opened here
+    # Closed there before opened here. The store may name the victim for a
+    # shard it never opened: a claim whose answer came too late for the round
+    # lands as a stray, which is freed, never opened (warm run at dad338a:
+    # shard 1, on the Kubernetes store); such a shard has nothing to close.
+    opened_there = {e["shard"] for e in events if e["event"] == "open_end"
+                    and e["node"] == victim}
+    for shard in held:
+        if shard not in opened_there:
+            assert not any(e["event"] == "close_start" and e["shard"] == shard
+                           and e["node"] == victim for e in events), shard
+            continue
         closed = max(e["wall"] for e in events if e["event"] == "close_end"
                      and e["shard"] == shard and e["node"] == victim)
         opened = min(e["wall"] for e in events if e["event"] == "open_start"
