@@ -11,7 +11,9 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tests.support.apiread import ApiReader, NotServed, api_path
 
 
 @dataclass
@@ -22,6 +24,8 @@ class Cluster:
     image: str
     image_id: str
     node_name: str
+    #: The polls' reads (tests/support/apiread.py), made at the first.
+    _reader: ApiReader | None = field(default=None, repr=False, compare=False)
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, KUBECONFIG=self.kubeconfig)
@@ -36,7 +40,21 @@ class Cluster:
         return p
 
     def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+        """`kubectl get -o json ARGS`: a plain read (a resource, a name, -n,
+        -l) as one GET on a kept-alive connection, anything else by kubectl."""
+        try:
+            path = api_path(args)
+        except NotServed:
+            return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = ApiReader(self.kubeconfig)
+        status, body = reader.get(path)
+        if status != 200:
+            message = body.get("message", body) if isinstance(body, dict) else body
+            raise AssertionError(f"kubectl get {' '.join(args)} failed (GET {path}: "
+                                 f"{status}): {message}")
+        return body  # type: ignore[no-any-return]
 
     def helm(self, *args: str, check: bool = True,
              timeout: float = 300) -> subprocess.CompletedProcess:
