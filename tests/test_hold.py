@@ -88,6 +88,26 @@ class Script:
         return a  # type: ignore[no-any-return]
 
 
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Costly(Script):
+    """A scripted GET of which every attempt costs `cost` seconds of `clock`."""
+
+    def __init__(self, clock: VirtualClock, cost: float, *answers: Any) -> None:
+        super().__init__(*answers)
+        self.clock, self.cost = clock, cost
+
+    async def __call__(self) -> tuple[int, Any]:
+        self.clock.now += self.cost
+        return await super().__call__()
+
+
 async def test_a_read_that_times_out_once_is_tried_again() -> None:
     # (The CI failure this guards against: under load the one GET of 5 s
     # timed out and a held restart moved its shards.)
@@ -109,16 +129,8 @@ async def test_errors_that_may_pass_are_retried_and_one_that_will_not_is_not() -
 async def test_a_read_that_never_succeeds_gives_up_within_its_budget_and_says_why() -> None:
     # A virtual clock (each attempt costs 0.4 s of it) makes the count exact:
     # after two attempts it says 0.8, and a pause of 0.5 would end past 1.0.
-    now = [0.0]
-
-    def clock() -> float:
-        return now[0]
-
-    class Costly(Script):
-        async def __call__(self) -> tuple[int, Any]:
-            now[0] += 0.4
-            return await super().__call__()
-    get = Costly(ConnectionRefusedError("refused"))
+    clock = VirtualClock()
+    get = Costly(clock, 0.4, ConnectionRefusedError("refused"))
     read = await read_replicas(get, budget=1.0, attempt_timeout=0.2, clock=clock)
     assert read.replicas is None and not read.gone and get.calls == 2
     assert read.error == "ConnectionRefusedError: refused, after 2 attempt(s) within 1s"
@@ -184,19 +196,10 @@ def test_the_read_takes_a_share_of_the_grace_left(the_pod: dict[str, Any] | None
 async def test_a_short_grace_gives_up_the_read_in_time_for_the_close() -> None:
     # A pod with a 5 s grace and an API server that never answers: the read
     # gives up after 2 s of virtual time, leaving 3 s for the close.
-    now = [0.0]
-
-    def clock() -> float:
-        return now[0]
-
-    class Hangs(Script):
-        async def __call__(self) -> tuple[int, Any]:
-            self.calls += 1
-            now[0] += 0.5
-            raise TimeoutError()
+    clock = VirtualClock()
     budget = read_budget(pod(grace=5), NOW, 0.0)
-    get = Hangs()
+    get = Costly(clock, 0.5, TimeoutError())
     read = await read_replicas(get, budget=budget.seconds, clock=clock)
     assert budget.seconds == 2.0 and read.replicas is None and not read.gone
-    assert now[0] <= 2.0 + 0.5, now[0]
+    assert clock.now <= 2.0 + 0.5, clock.now
     assert read.error.endswith("within 2s"), read.error
