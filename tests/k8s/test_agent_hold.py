@@ -18,13 +18,16 @@ from kubernetes_asyncio import client
 
 from shardlease.stores.kubernetes import ANN_RECORD
 
+from .conftest import cpmod
 from .scenario import (
     Proc,
     RecordingApp,
     apply_crd,
+    chart_cluster_roles,
     eventually,
     free_port,
     ready_pods,
+    service_account_kubeconfig,
     spawn,
     statefulset,
 )
@@ -159,3 +162,63 @@ async def test_a_stopped_pod_keeps_its_shards_for_its_name_and_a_scale_down_neve
             p.stop()
         for a in apps.values():
             await a.stop()
+
+
+async def test_a_stop_that_may_not_read_the_statefulset_frees_its_shards_and_warns(
+        namespace: str, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path) -> None:
+    """An agent whose role lacks `get statefulsets` (an edited role, an older
+    chart's): the read is refused (403, not retried), nobody knows whether the
+    pod comes back, so its shards are freed for the others at once, and a
+    Warning Event says why."""
+    api, ns = api_client, namespace
+    custom = client.CustomObjectsApi(api)
+    await apply_crd(api)
+    await client.AppsV1Api(api).create_namespaced_stateful_set(
+        ns, statefulset("db", ns, {}, replicas=2))
+    await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardSet", "metadata": {"name": "db"},
+        "spec": {"statefulSet": "db", "selector": {"app": "db"}, "shards": SHARDS,
+                 "store": f"kubernetes://{ns}", "leaseTTL": TTL, "renewal": "node",
+                 "handoff": "hold", "holdSeconds": 600}})
+    await ready_pods(api, ns, ["db-0"], {"app": "db"})
+    # The chart's agent role, as a Role of this namespace, without statefulsets.
+    helm = str(cpmod.ensure_binaries(("helm",))["helm"])
+    agent_role = next(r for r in chart_cluster_roles(helm, tmp_path)
+                      if r["metadata"]["name"] == "shardlease-agent")
+    rules = [r for r in agent_role["rules"] if "statefulsets" not in r["resources"]]
+    assert len(rules) == len(agent_role["rules"]) - 1
+    rbac = client.RbacAuthorizationV1Api(api)
+    await rbac.create_namespaced_role(ns, {"metadata": {"name": "agent-no-sts"},
+                                           "rules": rules})
+    await rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "agent-no-sts"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "agent-no-sts"},
+        "subjects": [{"kind": "ServiceAccount", "name": "db-agent", "namespace": ns}]})
+    config = await service_account_kubeconfig(api, kubeconfig, ns, "db-agent",
+                                              tmp_path / "db-agent.kubeconfig")
+    app = RecordingApp("db-0", [])
+    await app.start()
+    proc = spawn("agent-db-0", [
+        "agent", "--shardset", "db", "--namespace", ns, "--name", "db-0",
+        "--port", str(free_port()), "--host-url", f"http://127.0.0.1:{app.port}"],
+        tmp_path, env={"KUBECONFIG": config})
+    try:
+        async def all_open() -> bool:
+            return set(app.open) == set(range(SHARDS))
+        await eventually(all_open, "db-0 to open every shard", timeout=90)
+
+        proc.signal(signal.SIGTERM)
+        assert await proc.wait(60) == 0, proc.tail()
+        log = proc.log.read_text(errors="replace")
+        assert "freeing its lease" in log and "kept for this pod's name" not in log, \
+            proc.tail()
+        # Ended with no hold: the others may take them at once.
+        assert await ended_epoch_holds(api, ns, "db-0") == [0.0]
+        events = (await client.CoreV1Api(api).list_namespaced_event(ns)).items
+        told = [(e.type, e.message) for e in events if e.reason in ("HandoffHold", "HandoffMove")]
+        assert len(told) == 1 and told[0][0] == "Warning", told
+        assert "could not be read (403" in told[0][1] and "after 1 attempt(s)" in told[0][1], told
+    finally:
+        proc.stop()
+        await app.stop()
