@@ -114,15 +114,22 @@ class Keeper:
                  runner: Runner, own: OwnEpoch, *, cluster: str, name: str,
                  options: Callable[[], Options], stopping: Callable[[], bool],
                  earlier_pace: Callable[[], float],
-                 released: Callable[[int], None]) -> None:
+                 released: Callable[[int], None],
+                 track: Callable[[asyncio.Task[None]], None]) -> None:
         self.store, self.calls, self.clock = store, calls, clock
         self.telemetry, self.runner, self.own = telemetry, runner, own
         self.cluster, self.name = cluster, name
         self.options, self.stopping, self.earlier_pace = options, stopping, earlier_pace
         #: Told of every shard whose lease this node freed (no longer an owner to show).
         self.released = released
+        #: Given every free started apart from the renewals (the loop awaits them).
+        self.track = track
         # -- mutable state
         self.held: dict[int, Held] = {}
+        #: The free in flight of each closed shard: never one of the renewals'
+        #: batch, which a free that hangs (up to a TTL) would hold up, and
+        #: with it the renewal of every shard still open.
+        self._frees: dict[int, asyncio.Task[None]] = {}
         #: Leases of ours not held may remain (unknown until a read).
         self.strays = True
         #: A graceful stop under `handoff: hold`: every lease it frees is kept
@@ -264,26 +271,28 @@ class Keeper:
         return pace
 
     async def renew_all(self) -> bool:
-        """Renew (or, once closed, free) every held lease. False if any failed
-        for a reason other than losing it, so the next try comes sooner."""
+        """Renew every held lease, and start the free again of each closed
+        one whose last free failed (apart: a free is never waited for here).
+        False if a renewal failed for a reason other than losing the lease,
+        so the next try comes sooner."""
         failed: list[int] = []
         errors: list[str] = []
 
         def one(shard: int, held: Held) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
                 try:
-                    if held.phase is Phase.CLOSED:
-                        await self.free(shard, held)
-                    else:
-                        await self._renew(shard, held)
+                    await self._renew(shard, held)
                 except StoreError as e:
                     failed.append(shard)
                     errors.append(str(e))
             return call
 
+        for shard, held in list(self.held.items()):
+            if held.phase is Phase.CLOSED and shard not in self._frees:
+                self._start_free(shard, held)  # (tried again: the last one failed)
         # Node-mode leases are renewed by the epoch; only their frees are here.
         await gather_limited(*(one(s, h) for s, h in list(self.held.items())
-                               if not h.by_epoch or h.phase is Phase.CLOSED))
+                               if not h.by_epoch and h.phase is not Phase.CLOSED))
         self.runner.flush()  # the host learns the moved deadlines, in one call
         if not self.stopping() and (stranded := self.stranded()):
             await self.own.give_up(f"could not free shard(s) {stranded} within a TTL of "
@@ -346,7 +355,18 @@ class Keeper:
         held.closed(reason, self.clock.monotonic())
         if highest is not None:
             held.floor = max(highest, held.floor)
-        return asyncio.create_task(self._free_soon(shard, held))
+        return self._start_free(shard, held)
+
+    def _start_free(self, shard: int, held: Held) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._free_soon(shard, held))
+        self._frees[shard] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._frees.get(shard) is t:
+                del self._frees[shard]
+        task.add_done_callback(done)
+        self.track(task)
+        return task
 
     async def _free_soon(self, shard: int, held: Held) -> None:
         try:

@@ -286,7 +286,7 @@ class PlacementLoop:
                              self.own, cluster=self.cluster, name=self.name,
                              options=lambda: self.options, stopping=lambda: self.stopping,
                              earlier_pace=lambda: self._earlier_pace,
-                             released=self.view.forget_owner)
+                             released=self.view.forget_owner, track=self._track)
         #: Set once `run()` ended (Life.STOPPED).
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
@@ -1025,9 +1025,10 @@ class PlacementLoop:
             self.view.max_generation[shard] = max(highest,
                                                   self.view.max_generation.get(shard, 0))
         self._cool(shard, reason)
-        task = self.keeper.on_closed(shard, reason, highest)
-        if task is None:
-            return  # lost: nothing to free
+        self.keeper.on_closed(shard, reason, highest)  # (None if lost: nothing to free)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """A free the keeper started: awaited before the loop ends."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # Freeing does not start a round early (a refusing host would spin),

@@ -39,7 +39,10 @@ class StoreFault:
     share of each call's delay that comes after the store applied it (the
     answer on its way back; 0: the whole delay is before): a call its caller
     stops waiting for in that part (cancelled, or past its budget) has
-    landed unheard, as an HTTP request whose client gave up may have."""
+    landed unheard, as an HTTP request whose client gave up may have.
+    `shards`: only the calls about those shards' leases (a GET, a claim, a
+    renewal or a free of one of them; a hot key of the store); None means
+    every call."""
 
     at: float
     until: float
@@ -49,6 +52,7 @@ class StoreFault:
     error_rate: float = 0.0
     lost_reply_rate: float = 0.0
     calls: frozenset[str] | None = None
+    shards: frozenset[int] | None = None
     stale: bool = False
     reply_share: float = 0.0
 

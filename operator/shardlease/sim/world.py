@@ -273,13 +273,14 @@ class SimStore(LeaseStore):
     def describe(self) -> str:
         return f"sim://{self.node.label}"
 
-    async def _call(self, kind: str, method: str, op: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, kind: str, method: str, op: Callable[[], Awaitable[T]],
+                    shard: int | None = None) -> T:
         self.backend_requests.report(kind)
         self.times.append(self.world.now())
         node, rng = self.node, self.node.store_rng
         await node.gate()
         latency, jitter, error_rate, lost_rate, reply_share = \
-            self.world.store_conditions(node.name, method)
+            self.world.store_conditions(node.name, method, shard)
         delay = latency + (rng.uniform(0, jitter) if jitter > 0 else 0.0)
         if delay * (1 - reply_share) > 0:
             await asyncio.sleep(delay * (1 - reply_share))
@@ -315,11 +316,11 @@ class SimStore(LeaseStore):
 
     async def get_lease(self, cluster: str, shard: int) -> Stored[Lease] | None:
         return await self._call(
-            "get", "get_lease", lambda: self.inner.get_lease(cluster, shard))
+            "get", "get_lease", lambda: self.inner.get_lease(cluster, shard), shard)
 
     async def create_lease(self, lease: Lease) -> str:
         return await self._call(
-            "put", "create_lease", lambda: self.inner.create_lease(lease))
+            "put", "create_lease", lambda: self.inner.create_lease(lease), lease.shard)
 
     async def update_lease(self, lease: Lease, version: str) -> str:
         if self.world.sticky_reservations and lease.reserved_for is None and not lease.hold:
@@ -330,7 +331,8 @@ class SimStore(LeaseStore):
                 lease = lease.model_copy(update={"reserved_for": before.reserved_for,
                                                  "hold": before.hold})
         return await self._call(
-            "put", "update_lease", lambda: self.inner.update_lease(lease, version))
+            "put", "update_lease", lambda: self.inner.update_lease(lease, version),
+            lease.shard)
 
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         return await self._listing("list_heartbeats",
@@ -558,14 +560,15 @@ class World:
                 return f.at
         return None
 
-    def store_conditions(self, name: str,
-                         method: str) -> tuple[float, float, float, float, float]:
+    def store_conditions(self, name: str, method: str, shard: int | None = None,
+                         ) -> tuple[float, float, float, float, float]:
         """latency, jitter, error rate, lost-reply rate and reply share for a
-        call of `method` starting now."""
+        call of `method` (about `shard`'s lease, if any) starting now."""
         latency = jitter = reply_share = 0.0
         ok = lost_ok = 1.0
         for f in self.store_faults:
-            if self._active(f, name) and (f.calls is None or method in f.calls):
+            if self._active(f, name) and (f.calls is None or method in f.calls) \
+                    and (f.shards is None or shard in f.shards):
                 latency, jitter = max(latency, f.latency), max(jitter, f.jitter)
                 reply_share = max(reply_share, f.reply_share)
                 ok *= 1 - f.error_rate
