@@ -290,7 +290,7 @@ class Keeper:
         for shard, held in list(self.held.items()):
             if held.phase is Phase.CLOSED and shard not in self._frees:
                 self._start_free(shard, held)  # (tried again: the last one failed)
-        # Node-mode leases are renewed by the epoch; only their frees are here.
+        # Node-mode leases are renewed by the epoch.
         await gather_limited(*(one(s, h) for s, h in list(self.held.items())
                                if not h.by_epoch and h.phase is not Phase.CLOSED))
         self.runner.flush()  # the host learns the moved deadlines, in one call
@@ -343,21 +343,20 @@ class Keeper:
 
     # -- frees ------------------------------------------------------------------------------
 
-    def on_closed(self, shard: int, reason: Reason,
-                  highest: int | None = None) -> asyncio.Task[None] | None:
-        """The runner closed a shard: free its lease now (and with the renewals
-        until that works). None if it was lost (nothing to free). `highest`:
+    def on_closed(self, shard: int, reason: Reason, highest: int | None = None) -> None:
+        """The runner closed a shard: free its lease now (and again from the
+        renewals until that works); nothing if it was lost. `highest`:
         the host has seen that generation (Reason.OUTDATED), so the free
         writes it, and every node's next claim goes above it."""
         held = self.held.get(shard)
         if held is None:
-            return None
+            return
         held.closed(reason, self.clock.monotonic())
         if highest is not None:
             held.floor = max(highest, held.floor)
-        return self._start_free(shard, held)
+        self._start_free(shard, held)
 
-    def _start_free(self, shard: int, held: Held) -> asyncio.Task[None]:
+    def _start_free(self, shard: int, held: Held) -> None:
         task = asyncio.create_task(self._free_soon(shard, held))
         self._frees[shard] = task
 
@@ -366,7 +365,6 @@ class Keeper:
                 del self._frees[shard]
         task.add_done_callback(done)
         self.track(task)
-        return task
 
     async def _free_soon(self, shard: int, held: Held) -> None:
         try:

@@ -1025,7 +1025,7 @@ class PlacementLoop:
             self.view.max_generation[shard] = max(highest,
                                                   self.view.max_generation.get(shard, 0))
         self._cool(shard, reason)
-        self.keeper.on_closed(shard, reason, highest)  # (None if lost: nothing to free)
+        self.keeper.on_closed(shard, reason, highest)
 
     def _track(self, task: asyncio.Task[None]) -> None:
         """A free the keeper started: awaited before the loop ends."""

@@ -102,6 +102,7 @@ class ApiReader:
         user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
         url = urllib.parse.urlsplit(cluster["server"])
         self._host, self._port = url.hostname or "127.0.0.1", url.port or 443
+        # (Removed when the reader is collected or the process exits.)
         self._files = tempfile.TemporaryDirectory(prefix="apiread-")
         where = Path(self._files.name)
 
@@ -147,10 +148,3 @@ class ApiReader:
             except ValueError:
                 return resp.status, data.decode(errors="replace")
         raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-        if self._files is not None:
-            self._files.cleanup()

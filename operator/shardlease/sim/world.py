@@ -560,8 +560,8 @@ class World:
                 return f.at
         return None
 
-    def store_conditions(self, name: str, method: str, shard: int | None = None,
-                         ) -> tuple[float, float, float, float, float]:
+    def store_conditions(self, name: str, method: str,
+                         shard: int | None = None) -> tuple[float, float, float, float, float]:
         """latency, jitter, error rate, lost-reply rate and reply share for a
         call of `method` (about `shard`'s lease, if any) starting now."""
         latency = jitter = reply_share = 0.0
