@@ -446,7 +446,13 @@ def _cmdline(pid: int) -> str:
 
 def _terminate(pid: int, expect: str, timeout: float = 15.0) -> None:
     """SIGTERM pid (only if its command line contains `expect`), then SIGKILL."""
-    if not _alive(pid) or expect not in _cmdline(pid):
+    if not _alive(pid):
+        return
+    if expect not in (cmdline := _cmdline(pid)):
+        # The pid may be another process's now; said, since a daemon left
+        # running when its stop returned is otherwise a mystery.
+        print(f"[controlplane] not stopping pid {pid}: its command line {cmdline!r} "
+              f"does not name {expect}", file=sys.stderr, flush=True)
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)

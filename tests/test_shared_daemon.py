@@ -78,43 +78,74 @@ def sleeper(cache: Path) -> int:
     return int((cache / "sleeper.pid").read_text())
 
 
-def alive(pid: int) -> bool:
+def stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command's name (state first), or
+    None if there is no such process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
-def gone(pid: int, timeout: float = 30) -> bool:
+def started(pid: int) -> str | None:
+    """When the process started (clock ticks since boot): with the pid, the
+    process's identity, since a pid is used again once its process is gone."""
+    fields = stat(pid)
+    return fields[19] if fields else None
+
+
+def alive(pid: int, since: str | None = None) -> bool:
+    """Alive and not a zombie; and, given `since`, the process that started then."""
+    fields = stat(pid)
+    return fields is not None and fields[0] != "Z" and (since is None or fields[19] == since)
+
+
+def gone(pid: int, since: str | None, timeout: float = 30) -> bool:
+    """The process `pid` named when it started at `since` is gone within
+    `timeout` (the pid used again by a process started later does not count)."""
     deadline = time.monotonic() + timeout
-    while alive(pid):
+    while alive(pid, since):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
     return True
 
 
+def what(pid: int) -> str:
+    """The process `pid` names, for an assertion's message."""
+    fields = stat(pid)
+    if fields is None:
+        return f"no process {pid}"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        cmd = "?"
+    return f"process {pid}: state {fields[0]}, parent {fields[1]}, started at tick {fields[19]}, " \
+           f"command {cmd!r}"
+
+
 def test_the_first_user_to_leave_does_not_stop_it_under_the_other(cache: Path) -> None:
     first = user()
     pid = sleeper(cache)
+    since = started(pid)
     second = user()
     assert sleeper(cache) == pid  # the running one, not a second
     leave(first)  # it started the daemon
-    assert alive(pid), "the daemon was stopped under its other user"
+    assert alive(pid, since), "the daemon was stopped under its other user"
     leave(second)
-    assert gone(pid), "the last user left and the daemon still runs"
+    assert gone(pid, since), f"the last user left and the daemon still runs: {what(pid)}"
     assert not (cache / "sleeper.pid").exists()
 
 
 def test_a_user_that_died_is_not_waited_for(cache: Path) -> None:
     first = user()
     pid = sleeper(cache)
+    since = started(pid)
     second = user()
     second.kill()
     second.wait()
     leave(first)
-    assert gone(pid), "a dead user kept the daemon up"
+    assert gone(pid, since), f"a dead user kept the daemon up: {what(pid)}"
 
 
 def test_a_daemon_somebody_else_started_is_never_stopped(cache: Path) -> None:
@@ -131,8 +162,10 @@ def test_a_daemon_somebody_else_started_is_never_stopped(cache: Path) -> None:
 def test_after_the_last_user_left_the_next_one_starts_it_again(cache: Path) -> None:
     first = user()
     pid = sleeper(cache)
+    since = started(pid)
     leave(first)
-    assert gone(pid)
+    assert gone(pid, since), f"the last user left and the daemon still runs: {what(pid)}"
     again = user()
-    assert sleeper(cache) != pid and alive(sleeper(cache))
+    assert (sleeper(cache), started(sleeper(cache))) != (pid, since)
+    assert alive(sleeper(cache))
     leave(again)
