@@ -223,3 +223,40 @@ def test_a_shard_open_nowhere_is_excused_while_no_node_works() -> None:
     refusing = [HostFault(10.0, 60.0, node=None, refuse=frozenset({0}))]
     assert check_open_somewhere(trace, 1, refusing, until=100.0, bound=25.0) == []
     assert check_open_somewhere(trace, 1, [], until=100.0, bound=25.0) != []
+
+
+def test_a_fence_needs_a_cause_on_its_node_and_lease_within_the_window() -> None:
+    from shardlease.sim.check import check_fences_caused
+    from shardlease.sim.faults import Corrupt, HostFault, Pause, StoreFault
+
+    ttl, interval = 15.0, 5.0  # the window: 25 s before the fence
+    fence = [ev(100.0, "n1#1", "self_fence", 2)]
+    table: list[tuple[str, list[TraceEvent], list[object], bool]] = [
+        ("nothing", [], [], False),
+        ("its node's calls failing", [], [StoreFault(80.0, 90.0, node="n1", error_rate=1.0)],
+         True),
+        ("every node's calls slow", [], [StoreFault(90.0, 95.0, latency=3.0)], True),
+        ("its own lease a hot key", [],
+         [StoreFault(80.0, 90.0, shards=frozenset({2, 5}), latency=30.0)], True),
+        ("another lease a hot key", [],
+         [StoreFault(80.0, 90.0, shards=frozenset({0, 1}), latency=30.0)], False),
+        ("another node's calls failing", [], [StoreFault(80.0, 99.0, node="n2", error_rate=1.0)],
+         False),
+        ("a fault over before the window", [], [StoreFault(10.0, 70.0, node="n1",
+                                                           error_rate=1.0)], False),
+        # A slow call started before `until` ends up to its latency later.
+        ("a slow call still in flight", [], [StoreFault(60.0, 70.0, latency=6.0)], True),
+        ("its host slow", [], [HostFault(85.0, 88.0, node="n1", close_latency=1.0)], True),
+        ("its record corrupted", [], [Corrupt(90.0, 2)], True),
+        ("another record corrupted", [], [Corrupt(90.0, 3)], False),
+        ("its node paused", [ev(78.0, "n1#1", "pause", value=80.0)], [Pause(78.0, "n1", 2.0)],
+         True),
+        ("another incarnation paused", [ev(90.0, "n1", "pause", value=95.0)], [], False),
+        ("options changed", [ev(99.0, "n3", "reconfigure")], [], True),
+    ]
+    for name, events, faults, excused in table:
+        found = check_fences_caused(by_time(events, fence), faults,  # type: ignore[arg-type]
+                                    ttl, interval)
+        assert (found == []) is excused, (name, found)
+        if not excused:
+            assert found[0].startswith("(o) n1#1 shard 2: self-fenced at 100.000"), found

@@ -53,6 +53,11 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  make it count fewer (finding D: a failed epoch listing made
                  a node think itself alone and claim every shard)
                  (`check_counted`).
+(o) fences have a cause: a node fences a shard only if something acted on
+                 that node and that lease in the TTL + 2 intervals before:
+                 a pause, a store fault on its calls about that lease, a
+                 host fault, a corruption of the record, a change of options
+                 (`check_fences_caused`).
 Also: the runner gives up on a close that keeps failing only after a fence.
 """
 
@@ -64,7 +69,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from shardlease.sim.faults import Fault, HostFault, Reconfigure, StoreFault, fault_end
+from shardlease.sim.faults import Corrupt, Fault, HostFault, Reconfigure, StoreFault, fault_end
 from shardlease.sim.world import Snapshot, TraceEvent
 
 #: Times within this are the same instant (float rounding of virtual time).
@@ -681,4 +686,54 @@ def check_counted(trace: Sequence[TraceEvent], faults: Sequence[Fault], until: f
                             f"fewer than the {len(peers)} that worked throughout "
                             f"[{a:.3f}, {ev.t:.3f}]: {', '.join(peers)}")
             break  # one is enough to tell
+    return problems
+
+
+# -- (o) -------------------------------------------------------------------------------
+
+#: (o)'s window before a fence, in TTLs and intervals (the largest any node
+#: had): the deadline missed was set by a claim or renewal at most a TTL
+#: before it, and what kept the next renewal from landing acted since then.
+CAUSE_TTLS, CAUSE_INTERVALS = 1.0, 2.0
+
+
+def check_fences_caused(trace: Sequence[TraceEvent], faults: Sequence[Fault],
+                        ttl: float, interval: float) -> list[str]:
+    """(o) a node fences a shard only for a cause that acted on that node and
+    that shard in the window before the fence: a pause of the node, a store
+    fault on its calls about that shard's lease (all its calls, or the
+    shard's), a host fault on it, a corruption of that shard's record, or a
+    change of options (any node's). A fault on another shard's lease is no
+    cause: a renewal that waits on another shard's call is one that a
+    healthy store could have answered (the a55dbba bug: a free that hung on
+    a hot key held up the renewals of every other shard of its node)."""
+    window = CAUSE_TTLS * ttl + CAUSE_INTERVALS * interval
+    pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for ev in trace:
+        if ev.kind == "pause":
+            pauses[ev.node].append((ev.t, ev.value))
+    changes = [ev.t for ev in trace if ev.kind.startswith("reconfigure")]
+    problems = []
+    for ev in trace:
+        if ev.kind != "self_fence":
+            continue
+        a, t, name = ev.t - window, ev.t, ev.node.split("#")[0]
+        spans = list(pauses[ev.node]) + [(c, c) for c in changes]
+        for f in faults:
+            match f:
+                case StoreFault(node=node, shards=shards) if node in (None, name) and (
+                        shards is None or ev.shard in shards):
+                    spans.append((f.at, fault_end(f)))
+                case HostFault(node=node) if node in (None, name):
+                    spans.append((f.at, fault_end(f)))
+                case Corrupt(shard=shard) if shard == ev.shard:
+                    spans.append((f.at, f.at))
+                case _:
+                    pass
+        caused = any(s <= t + EPSILON and e >= a - EPSILON for s, e in spans)
+        if not caused:
+            problems.append(f"(o) {ev.node} shard {ev.shard}: self-fenced at {t:.3f} with "
+                            f"nothing acting on that node and shard since {a:.3f} (no pause, "
+                            f"no store fault on its calls about that lease, no host fault, "
+                            f"no corruption, no change of options)")
     return problems

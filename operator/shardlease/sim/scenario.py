@@ -22,6 +22,7 @@ from shardlease.sim.check import (
     Recovery,
     check_counted,
     check_fenced_closes,
+    check_fences_caused,
     check_open_somewhere,
     check_quiescence,
     check_trace,
@@ -334,6 +335,7 @@ async def _scenario(
     problems += check_open_somewhere(trace, shards, faults, snapshot.t,
                                      liveness_bound(ttl_max, interval_max))
     problems += check_counted(trace, faults, snapshot.t, ttl_max, interval_max)
+    problems += check_fences_caused(trace, faults, ttl_max, interval_max)
 
     counts = Counter(ev.kind for ev in trace if ev.kind in {
         "claim", "release", "lost", "self_fence", "renew_failed", "renew_slow", "abandoned",

@@ -47,6 +47,7 @@ KINDS: tuple[str, ...] = (
     "store_all",  # every store call of a node (or all nodes) slow or failing
     "store_one",  # one group of store calls failing (see CALL_GROUPS), the rest healthy
     "lost_answers",  # calls applied by the store whose answers are lost, nothing else
+    "hot_key",  # the calls about one or two shards' leases slow, hanging or failing (a hot key)
     "stale",  # a node's listings frozen (a lagging cache or watch)
     "host",  # the application slow or failing to open and close, or refusing shards
     "join",
@@ -207,6 +208,7 @@ class _Drawer:
         self._kinds: dict[str, Callable[[], list[Fault]]] = {
             "crash": self.crash, "pause": self.pause, "store_all": self.store_all,
             "store_one": self.store_one, "lost_answers": self.lost_answers,
+            "hot_key": self.hot_key,
             "stale": self.stale, "host": self.host, "join": self.join, "leave": self.leave,
             "handoff": self.handoff,
             "reconfigure_ttl": self.reconfigure_ttl,
@@ -274,6 +276,19 @@ class _Drawer:
         calls = None if rng.random() < 0.4 else self.calls()
         return [StoreFault(at, at + self.window(), node=self.node_or_all(),
                            lost_reply_rate=rng.choice((0.3, 0.7, 1.0)), calls=calls)]
+
+    def hot_key(self) -> list[Fault]:
+        """The store slow or failing for one or two leases only (a hot key, a
+        partition of the store): their writes, or every call about them. Up
+        to two TTLs of latency: a call that hangs past any budget."""
+        at, rng, t = self.at(), self.rng, self.ttl
+        keys = frozenset(rng.sample(range(self.shards), min(self.shards, rng.choice((1, 1, 2)))))
+        return [StoreFault(at, at + self.window(), node=self.node_or_all(),
+                           latency=round(t * rng.choice((0.0, 0.3, 0.7, 2.0)), 2),
+                           error_rate=rng.choice((0.0, 0.0, 0.5, 1.0)),
+                           lost_reply_rate=rng.choice((0.0, 0.0, 0.3)),
+                           calls=rng.choice((LEASE_WRITES, None)), shards=keys,
+                           reply_share=rng.choice((0.0, 0.5)))]
 
     def stale(self) -> list[Fault]:
         at = self.at()
