@@ -75,6 +75,25 @@ def tries_since_renewed(history: list[Seen], shard: int, fenced_at: float) -> li
     return writes[landed[-1] + 1:] if landed else writes
 
 
+#: What the store behind the proxy may add to a request's injected latency
+#: before a renewal late by it is the store's doing, not the loop's (MinIO
+#: answered within 25 ms in the phases around; the slack of a renewal at
+#: 0.3 x TTL is about 0.3 s).
+STORE_SLACK = 0.1
+
+
+def late_store(history: list[Seen], shard: int, fenced_at: float,
+               latency: float) -> Seen | None:
+    """The write of `shard`'s lease that was sent in time for the fence at
+    `fenced_at` (answered within `latency` + STORE_SLACK it would have landed
+    before it) but answered after it: the store behind the proxy, not the
+    latency the proxy injected, made that renewal late. None if there is none."""
+    for r in tries_since_renewed(history, shard, fenced_at):
+        if r.arrived + latency + STORE_SLACK <= fenced_at < r.answered:
+            return r
+    return None
+
+
 def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
         minio: S3Server, make_cluster: MakeCluster, fault_proxy: MakeProxy) -> None:
     bucket = minio.create_bucket()
@@ -155,6 +174,22 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
                   "in the TTL before it")
         fences = [e for e in fences if e not in excused]
         if not refusing:
+            # A fence is also excused when the store itself was slow: the
+            # renewal of each shard fenced reached the proxy in time and the
+            # answer came back beyond the injected latency (cold CI run at
+            # 46156e1: renewals sent 1.05 s before the fence, answered 1.6 s
+            # later at an injected 0.9 s, every request of n1 then 0.5-0.8 s
+            # over its latency while no stall of the pytest process was seen).
+            latency = dict((p[0], p[1]) for p in SLOW_PHASES)[label] * TTL
+            for fence in list(fences):
+                lates = [late_store(history, shard, float(fence["ts"]), latency)
+                         for shard in fence["shards"]]
+                if all(r is not None for r in lates):
+                    excused.append(fence)
+                    fences.remove(fence)
+                    print(f"  {label}: fence of {fence['shards']} excused: the store answered "
+                          f"{[round(r.answered - r.arrived, 2) for r in lates if r]}s after "
+                          f"renewals sent in time, at an injected {latency:g}s")
             assert fences == [], f"{f.row()}\n{fences}"
             if not excused:
                 assert (f.self_fences, f.held_min, f.held_end) == (0, share, share), f.row()
