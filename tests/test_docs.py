@@ -106,3 +106,20 @@ def test_the_readmes_benchmark_block_has_every_section_the_bench_prints() -> Non
     assert not missing, f"README's benchmark block predates these sections: {missing}"
     # Both renewal modes are measured (docs/renewal.md), and the block says so.
     assert "shard renewal" in block and "node renewal" in block
+
+
+def test_every_test_docs_renewal_md_names_is_there() -> None:
+    # Each rule names the test that checks it: a name that a rename or a
+    # removal left behind would be a rule checked by nothing.
+    text = (ROOT / "docs" / "renewal.md").read_text()
+    named = set(re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text))
+    assert len({n for n in named if n[1]}) >= 20, named  # (the pattern still reads the doc)
+    missing = []
+    for path, name in sorted(named):
+        source = ROOT / path
+        if not source.is_file():
+            missing.append(path)
+        elif name and not re.search(rf"^\s*(async )?def {name}\(|^class {name}\b",
+                                    source.read_text(), re.MULTILINE):
+            missing.append(f"{path}::{name}")
+    assert missing == [], f"docs/renewal.md names what is not there: {missing}"

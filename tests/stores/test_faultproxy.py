@@ -132,6 +132,23 @@ async def test_faults_hit_only_the_kinds_chosen(proxy: FaultProxy, store: S3Stor
     assert proxy.counts()["slowdown"] == proxy.counts()["put-heartbeat"]
 
 
+async def test_faults_hit_only_the_keys_chosen(proxy: FaultProxy, store: S3Store) -> None:
+    # A hot key: shard 1's lease refused, shard 10's (whose path ends alike
+    # but for a digit) and shard 0's served.
+    proxy.set(Faults(error_rate=1.0, kinds=frozenset({"put-lease"}),
+                     keys=frozenset({"leases/1"})))
+    await store.create_lease(make_lease(0))
+    await store.create_lease(make_lease(10))
+    with pytest.raises(StoreError, match="SlowDown"):
+        await store.create_lease(make_lease(1))
+    assert (await store.list_leases(CLUSTER)).keys() == {0, 10}
+    # (botocore tried shard 1 again: every try of it refused, the others' none.)
+    assert proxy.counts()["slowdown"] == proxy.counts()["put-lease"] - 2 >= 1
+    assert Faults(keys=frozenset({"leases/1"})).describe() == "of leases/1"
+    with pytest.raises(ValueError, match="without a leading /"):
+        Faults(keys=frozenset({"/leases/1"}))
+
+
 async def test_a_request_its_client_abandoned_still_lands(proxy: FaultProxy,
                                                           store: S3Store) -> None:
     """As on S3, a write whose answer nobody waited for may be carried out:

@@ -13,7 +13,9 @@ Faults (`Faults`), changeable at run time with `set()`:
   wait side by side, not in a queue);
 - `error_rate`: the share of requests answered ``503 SlowDown`` (after the
   latency) without being forwarded, as S3 answers when throttling;
-- `kinds`: the kinds of request the faults apply to (default: every one).
+- `kinds`: the kinds of request the faults apply to (default: every one);
+- `keys`: the objects they apply to, as the ends of their paths (``leases/7``:
+  one shard's lease, a hot key of the store; default: every path).
 
 Kinds, as `counts()` reports them: ``list``, ``get``, ``head``, ``put-lease``
 (claims, renewals, frees), ``put-heartbeat``, ``put`` (anything else),
@@ -59,13 +61,20 @@ class Faults:
     error_rate: float = 0.0
     #: The kinds of request hit (see `KINDS`); None: every request.
     kinds: frozenset[str] | None = None
+    #: The objects hit, by the end of their path after a "/" (``leases/7``);
+    #: None: every path.
+    keys: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.latency < 0 or not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"bad faults: {self}")
+        if self.keys is not None and any(not k or k.startswith("/") for k in self.keys):
+            raise ValueError(f"bad keys (each the end of a path, without a leading /): "
+                             f"{sorted(self.keys)}")
 
-    def hits(self, kind: str) -> bool:
-        return self.kinds is None or kind in self.kinds
+    def hits(self, kind: str, path: str = "") -> bool:
+        return (self.kinds is None or kind in self.kinds) and (
+            self.keys is None or any(path.endswith("/" + k) for k in self.keys))
 
     def describe(self) -> str:
         parts = []
@@ -75,6 +84,8 @@ class Faults:
             parts.append(f"{self.error_rate:.0%} 503 SlowDown")
         if self.kinds is not None:
             parts.append("on " + ", ".join(sorted(self.kinds)))
+        if self.keys is not None:
+            parts.append("of " + ", ".join(sorted(self.keys)))
         return " ".join(parts) or "no fault"
 
 
@@ -177,7 +188,7 @@ class FaultProxy:
         faults = self.faults
         status = 0
         try:
-            if faults.hits(kind):
+            if faults.hits(kind, request.path):
                 if faults.latency:
                     await asyncio.sleep(faults.latency)
                 if faults.error_rate and self.rng.random() < faults.error_rate:
