@@ -432,7 +432,7 @@ def test_after_its_first_intervals_a_node_claims_what_is_kept_for_it_within_its_
 ], ids=[
     "a failed open: the first in a row",
     "...and the next",
-    "refused as outdated: claimed again at once (no pause)",
+    "refused as outdated: claimed again above, no cooldown of a failing host",
     "refused as outdated a second time in a row: cooled",
     "...and doubling from there",
     "a failed open after an outdated one counts on",

@@ -143,3 +143,64 @@ def test_generations_known_from_outside_the_store_only_raise_the_floor(
     view.max_generation.update(seen)
     view.known_generations(known)
     assert view.max_generation == expected
+
+
+def owned(owner: str, renewal: str = "shard", generation: int = 3,
+          incarnation: str = "i1") -> Stored[Lease]:
+    return Stored("v1", Lease(cluster="c", shard=2, owner=owner, generation=generation,
+                              incarnation=incarnation, write_id="w", ttl=TTL,
+                              renewal=renewal))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("before", "known", "gone_at", "now", "claimable"), [
+    (None, 0, 0.0, 0.0, True),
+    (None, 5, 0.0, 0.0, False),
+    (None, 5, 0.0, TTL + 0.1, True),
+    ("b", 0, 10.0, 10.0, False),
+    ("b", 0, 10.0, 10.0 + TTL, False),
+    ("b", 0, 10.0, 10.1 + TTL, True),
+    (None, 0, 10.0, 10.0, False),
+    ("me", 0, 10.0, 10.0, False),
+], ids=[
+    "never seen, no generation known: a new shard, claimable at once",
+    "a generation published (known_generations): missing for a TTL first",
+    "...and then claimable",
+    "seen owned, then gone: its owner's until missing for a TTL",
+    "...not a moment before",
+    "...and then claimable",
+    # (Another node may have claimed it unseen since, and then lost its record.)
+    "seen free, then gone: missing for a TTL first too",
+    "seen ours (this incarnation, freed), then gone: missing for a TTL first too",
+])
+def test_a_missing_record_this_node_knew_existed(
+        before: str | None, known: int, gone_at: float, now: float, claimable: bool) -> None:
+    view = make_view()
+    if known:
+        view.known_generations({2: known})
+    if before is not None:
+        view.observe({2: owned(before, incarnation="mine" if before == "me" else "i1")},
+                     4, 0.0, ())
+    elif gone_at > 0:
+        view.observe({2: free_lease(None, 0.0)}, 4, 0.0, ())
+    view.observe({}, 4, gone_at, ())
+    assert view.claimable(2, None, now) is claimable
+
+
+@pytest.mark.parametrize(("stored", "now", "claimable"), [
+    (free_lease(None, 0.0), 10.0, False),
+    (free_lease("me", TTL), 10.0 + TTL, False),
+    (free_lease("me", TTL), 10.1 + TTL, True),
+    (free_lease(None, 0.0), 10.1 + TTL, True),
+], ids=[
+    "a free record: not within a TTL of the refusal",
+    "its own free, kept for it: not within a TTL either",
+    "...and then claimable",
+    "a free record a TTL after: claimable",
+])
+def test_after_an_outdated_refusal_nothing_is_claimed_for_a_ttl(
+        stored: Stored[Lease], now: float, claimable: bool) -> None:
+    view = make_view()
+    view.observe({2: stored}, 4, 0.0, ())
+    view.refused(2, 9, 10.0)
+    assert view.max_generation[2] == 9
+    assert view.claimable(2, stored, now) is claimable

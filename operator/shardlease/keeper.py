@@ -32,7 +32,7 @@ from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
-from shardlease.records import Lease, Stored, new_write_id
+from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
 from shardlease.runner import Reason, Runner
 from shardlease.stores.base import VANISHED, LeaseStore
 from shardlease.telemetry import Lost, Release, RenewFailed, Telemetry
@@ -392,7 +392,7 @@ class Keeper:
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
                     "generation": max(held.lease.generation, held.floor),
                     "renewed_at": self.clock.wall(), "since": self.clock.wall(),
-                    **self._reservation()})
+                    **self._reservation(held.reason)})
             try:
                 if not await self._write_step(shard, held, held.freeing, "free", self.ttl):
                     return
@@ -408,12 +408,25 @@ class Keeper:
             self.released(shard)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
-    def _reservation(self) -> dict[str, object]:
+    def _reservation(self, reason: Reason | None = None) -> dict[str, object]:
         """What a free writes of a reservation: kept for this node's name
-        while a stop under `handoff: hold` frees it; nothing otherwise (and a
-        free after a release clears an earlier one)."""
+        while a stop under `handoff: hold` frees it; kept for a TTL after the
+        host refused the claim's generation as outdated; nothing otherwise
+        (and a free after a release clears an earlier one).
+
+        Why after a refusal: another host opened a generation at least as
+        high, and its node may hold the shard still (its record was deleted
+        or lost under it and claimed here by a node that could not know it).
+        Its renewals no longer land (the record is another's now), so its
+        deadline is past within a TTL of this claim, in node mode once it
+        sees its record gone. Claimed again above at once, the shard would
+        be open twice until then; the generation would fence the older
+        writer at the application, but two owners would be open. This node
+        waits out the same TTL (`view.LeaseView.refused`)."""
         if self.stopping() and self.hold > 0:
             return {"reserved_for": self.name, "hold": self.hold}
+        if reason is Reason.OUTDATED:
+            return {"reserved_for": self.name, "hold": min(self.ttl, MAX_HOLD)}
         return {"reserved_for": None, "hold": 0.0}
 
     def _left_to_end(self, lease: Lease) -> bool:

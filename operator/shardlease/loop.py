@@ -928,8 +928,10 @@ class PlacementLoop:
             """Claim `shard`; False if a peer was first."""
             stored = leases.get(shard)
             rec = stored.record if stored is not None else None
-            if stored is not None and rec is None:
-                rec = self.view.kept_by_epoch(shard)  # corrupt: its owner's epoch first
+            if rec is None:
+                # Corrupt, or missing where this node saw a node-mode owner's
+                # record: that owner's epoch is ended first.
+                rec = self.view.kept_by_epoch(shard)
             if rec is not None and rec.renewal == "node" and rec.owner is not None \
                     and (rec.owner, rec.incarnation) != (self.name, self.epoch):
                 key = (rec.owner, rec.incarnation or "")
@@ -1021,9 +1023,9 @@ class PlacementLoop:
     def _on_closed(self, shard: int, reason: Reason, highest: int | None = None) -> None:
         if highest is not None:
             # The host has seen `highest`: this node's next claim goes above
-            # it even if the free that says so to the others fails.
-            self.view.max_generation[shard] = max(highest,
-                                                  self.view.max_generation.get(shard, 0))
+            # it even if the free that says so to the others fails, and not
+            # within a TTL (`view.LeaseView.refused`).
+            self.view.refused(shard, highest, self.clock.monotonic())
         self._cool(shard, reason)
         self.keeper.on_closed(shard, reason, highest)
 

@@ -242,9 +242,11 @@ def _excess(node: str, keep: list[Held], share: int) -> tuple[int, ...]:
 def failures_after(previous: int | None, *, failed: bool, outdated: bool) -> int | None:
     """The failed opens in a row a close leaves on a shard (None: none, the
     shard is not cooled), from the count before it. An open refused as
-    outdated is claimed again at once (above the host's generation: another
-    open), so the first in a row counts 0 (no pause); from the second on, the
-    host is failing like any other. Any other close clears the count."""
+    outdated is claimed again above the host's generation (another open), so
+    the first in a row counts 0: no cooldown of a failing host, only the TTL
+    that the node which opened that generation may still hold it (the
+    loop's `_cool`); from the second on, the host is failing like any other.
+    Any other close clears the count."""
     if outdated and previous is None:
         return 0
     if not (failed or outdated):

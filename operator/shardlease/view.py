@@ -72,6 +72,9 @@ class LeaseView:
         #: Damaged records as the epochs judged them (`attribute`): the epoch
         #: that keeps each (None: no epoch does).
         self.attributed: dict[int, Lease | None] = {}
+        #: When this node's host last refused a claim's generation as
+        #: outdated, per shard (`refused`).
+        self.refused_at: dict[int, float] = {}
 
     def known_generations(self, generations: Mapping[int, int]) -> None:
         """Generations known from outside this store (what was published of
@@ -80,6 +83,18 @@ class LeaseView:
         for shard, generation in generations.items():
             if generation > self.max_generation.get(shard, 0):
                 self.max_generation[shard] = generation
+
+    def refused(self, shard: int, highest: int, now: float) -> None:
+        """This node's host refused to open the shard: another host opened
+        `highest` (or more). A claim goes above it; and not within a TTL:
+        the node that opened it may hold the shard still (its record was
+        deleted or lost under it, and claimed here by a node that could not
+        know), until its renewals, which no longer land, let its deadline
+        pass (in node mode, until it sees its record gone). The free that
+        follows keeps the shard from the other nodes as long
+        (`keeper.Keeper._reservation`)."""
+        self.max_generation[shard] = max(highest, self.max_generation.get(shard, 0))
+        self.refused_at[shard] = now
 
     def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
                 held: Iterable[tuple[int, Lease]]) -> None:
@@ -176,8 +191,10 @@ class LeaseView:
         """Whether the record lets this node claim the shard: free, expired,
         its epoch over, or ours (cooldowns are placement's; whether this node
         holds it already, the caller's)."""
+        if (refused := self.refused_at.get(shard)) is not None and now - refused <= self.ttl():
+            return False
         if stored is None:
-            return True
+            return self._missing_claimable(shard, now)
         if stored.newer_format is not None:
             return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
@@ -210,6 +227,31 @@ class LeaseView:
                 return False
             return self.unkept.get(shard) == stored.version
         return True
+
+    def _missing_claimable(self, shard: int, now: float) -> bool:
+        """A shard with no record: never written, or deleted (by hand, a tool,
+        a store changed under the cluster). A record this node knows existed
+        (a generation seen, here or published: `known_generations`) may be
+        its owner's still: a shard-mode owner keeps it until its deadline,
+        which no renewal moves any more (a swap on a missing record is a
+        conflict), so at most a TTL after the record went; a node-mode owner
+        keeps it by its epoch until it sees the record gone (and writes it
+        back, `keeper._damaged`) or the epoch is over. A node that cannot
+        tell a deleted record from one never written (it never saw one and
+        knows no generation) claims at once, as a new cluster's shards must
+        be: the host refuses that claim's generation if another host opened
+        one as high, and that refusal keeps the shard from every node for a
+        TTL (`refused`)."""
+        if self.max_generation.get(shard, 0) == 0:
+            return True
+        last = self.readable.get(shard)
+        if last is not None and last.owner is not None and last.renewal == "node" \
+                and (last.owner, last.incarnation) != (self.name, self.incarnation) \
+                and not self.epochs.over(last, now):
+            return False
+        seen = self.seen.get(shard)
+        ttl = max(self.ttl(), last.ttl if last is not None else 0.0)
+        return seen is not None and now - seen.since > ttl
 
     def reserved_here(self, stored: Stored[Lease] | None) -> bool:
         """Whether the record is kept for this node by name (a free lease
