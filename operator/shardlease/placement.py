@@ -244,8 +244,9 @@ def failures_after(previous: int | None, *, failed: bool, outdated: bool) -> int
     shard is not cooled), from the count before it. An open refused as
     outdated is claimed again above the host's generation (another open), so
     the first in a row counts 0: no cooldown of a failing host, only the TTL
-    that the node which opened that generation may still hold it (the
-    loop's `_cool`); from the second on, the host is failing like any other.
+    during which the node that opened that generation may still hold it
+    (`view.LeaseView.refused`); from the second on, the host is failing like
+    any other.
     Any other close clears the count."""
     if outdated and previous is None:
         return 0
