@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from shardlease_tools.faultproxy import ProxyThread
+from tests.support.faultproxy import MakeProxy
 from tests.support.s3server import S3Server
 
-from .cluster import LocalCluster
+from .cluster import LocalCluster, Owners
 
 MakeCluster = Callable[..., LocalCluster]
 
@@ -27,6 +29,20 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
     yield make
     for cluster in made:
         cluster.cleanup()
+
+
+def one_behind_a_proxy(minio: S3Server, make_cluster: MakeCluster, fault_proxy: MakeProxy, *,
+                       names: list[str], slowed: str, shards: int,
+                       ttl: float) -> tuple[LocalCluster, ProxyThread, Owners]:
+    """Nodes `names` on a new bucket of MinIO, `slowed` reaching it through
+    a fault proxy of its own and the others straight: started, and balanced."""
+    bucket = minio.create_bucket()
+    proxy = fault_proxy(minio.endpoint)
+    through_proxy = S3Server(kind="proxy", endpoint=proxy.endpoint).url(bucket, "sl")
+    cluster = make_cluster(minio.url(bucket, "sl"), shards=shards, ttl=ttl, env=minio.env())
+    for name in names:
+        cluster.start(name, store_url=through_proxy if name == slowed else None)
+    return cluster, proxy, cluster.wait_balanced("after the start")
 
 
 def cluster_on(param: str, request: pytest.FixtureRequest, make_cluster: MakeCluster,

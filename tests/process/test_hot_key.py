@@ -27,7 +27,7 @@ from tests.support.s3server import S3Server
 from tests.support.stalls import StallWatch
 
 from .cluster import held_by
-from .conftest import MakeCluster
+from .conftest import MakeCluster, one_behind_a_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +41,8 @@ TTL = 3.0
 
 def test_a_hot_key_fences_its_shard_and_no_other(
         minio: S3Server, make_cluster: MakeCluster, fault_proxy: MakeProxy) -> None:
-    bucket = minio.create_bucket()
-    proxy = fault_proxy(minio.endpoint)
-    through_proxy = S3Server(kind="proxy", endpoint=proxy.endpoint).url(bucket, "sl")
-    cluster = make_cluster(minio.url(bucket, "sl"), shards=SHARDS, ttl=TTL, env=minio.env())
-    for name in NAMES:
-        cluster.start(name, store_url=through_proxy if name == SLOWED else None)
-    owners = cluster.wait_balanced("after the start")
+    cluster, proxy, owners = one_behind_a_proxy(minio, make_cluster, fault_proxy, names=NAMES,
+                                                slowed=SLOWED, shards=SHARDS, ttl=TTL)
     mine = sorted(held_by(owners, SLOWED))
     assert len(mine) == SHARDS // len(NAMES), owners
     hot = mine[0]

@@ -43,7 +43,7 @@ from tests.support.s3server import S3Server
 from tests.support.stalls import StallWatch
 
 from .cluster import counts
-from .conftest import MakeCluster
+from .conftest import MakeCluster, one_behind_a_proxy
 from .test_nodes import wait_events
 
 pytestmark = pytest.mark.slow
@@ -96,13 +96,8 @@ def late_store(history: list[Seen], shard: int, fenced_at: float,
 
 def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
         minio: S3Server, make_cluster: MakeCluster, fault_proxy: MakeProxy) -> None:
-    bucket = minio.create_bucket()
-    proxy = fault_proxy(minio.endpoint)
-    through_proxy = S3Server(kind="proxy", endpoint=proxy.endpoint).url(bucket, "sl")
-    cluster = make_cluster(minio.url(bucket, "sl"), shards=SHARDS, ttl=TTL, env=minio.env())
-    for name in NAMES:
-        cluster.start(name, store_url=through_proxy if name == SLOWED else None)
-    owners = cluster.wait_balanced("after the start")
+    cluster, proxy, owners = one_behind_a_proxy(minio, make_cluster, fault_proxy, names=NAMES,
+                                                slowed=SLOWED, shards=SHARDS, ttl=TTL)
     assert counts(owners)[SLOWED] == SHARDS // len(NAMES)
 
     marks: list[tuple[str, float, float, Counter[str]]] = []
