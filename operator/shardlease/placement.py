@@ -246,8 +246,7 @@ def failures_after(previous: int | None, *, failed: bool, outdated: bool) -> int
     the first in a row counts 0: no cooldown of a failing host, only the TTL
     during which the node that opened that generation may still hold it
     (`view.LeaseView.refused`); from the second on, the host is failing like
-    any other.
-    Any other close clears the count."""
+    any other. Any other close clears the count."""
     if outdated and previous is None:
         return 0
     if not (failed or outdated):
