@@ -154,11 +154,18 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
     history = proxy.history()
     for stall in watch.stalls:
         print(f"  the machine stalled {stall.late:.2f}s at +{stall.woke - marks[0][1]:.1f}s")
+    # After an excused fence the node holds less than its share until it
+    # claims again (a round or more into the next phase): what it holds at a
+    # later phase's start is asserted only while no fence was excused before
+    # (warm fresh-clone run at 125a7db: the 0.3 x TTL phase's fence excused by
+    # stalls of the machine, then the 503 phase began with 0 of 4 held).
+    excused_before = False
     for f, (label, start, end, _) in zip(figures, marks, strict=False):
         if f.label not in SLOW_KEEPS:
             continue
         assert f.lost == 0, f.row()
-        assert f.held_start == share, f.row()
+        if not excused_before:
+            assert f.held_start == share, f.row()
         refusing = dict((p[0], p[2]) for p in SLOW_PHASES)[label] > 0
         fences = [e for e in logged if e.get("event") == "self_fence"
                   and start <= float(e["ts"]) <= end]
@@ -186,9 +193,11 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
                           f"{[round(r.answered - r.arrived, 2) for r in lates if r]}s after "
                           f"renewals sent in time, at an injected {latency:g}s")
             assert fences == [], f"{f.row()}\n{fences}"
-            if not excused:
+            if not excused and not excused_before:
                 assert (f.self_fences, f.held_min, f.held_end) == (0, share, share), f.row()
+            excused_before = excused_before or bool(excused)
             continue
+        excused_before = excused_before or bool(excused)
         for fence in fences:
             for shard in fence["shards"]:
                 tries = tries_since_renewed(history, shard, float(fence["ts"]))
