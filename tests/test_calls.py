@@ -125,3 +125,36 @@ def test_a_joined_call_unanswered_for_a_ttl_is_cancelled() -> None:
         assert isinstance(task.exception(), StoreError)
 
     run_virtual(main())
+
+
+def test_a_caller_cancelled_as_its_joined_call_answers_is_cancelled() -> None:
+    # Python 3.11's asyncio.wait_for returns the result, and drops the
+    # cancellation, when both come in the same turn of the event loop: a
+    # task of the loop cancelled then (a second signal) went on for ever,
+    # and the node's abort waited on it (the simulation's abort kind,
+    # tests/sim/regressions.py seed-2448128506). Every turn is tried.
+    async def main() -> None:
+        cancelled_at = []
+        for turns in range(8):
+            c = calls()
+            answer = asyncio.Event()
+
+            async def call(answer: asyncio.Event = answer) -> int:
+                await answer.wait()
+                return 1
+
+            caller = asyncio.create_task(c.joined("heartbeat", "heartbeat", call))
+            await asyncio.sleep(0)
+            answer.set()
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if caller.done():
+                assert caller.result() == 1
+                continue
+            caller.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            cancelled_at.append(turns)
+        assert cancelled_at, "every caller had its answer before the cancellation"
+
+    run_virtual(main())

@@ -25,7 +25,7 @@ EXPECTED = {
     "Lease", "Epoch", "Heartbeat",
     # telemetry and its events
     "Telemetry", "Event", "Claim", "Release", "Lost", "SelfFence", "RenewFailed",
-    "RenewSlow", "Overrun", "EpochEnded", "ExtendFailed", "Opened", "DeadlineMoved",
+    "RenewSlow", "Overrun", "LeftToExpire", "EpochEnded", "ExtendFailed", "Opened", "DeadlineMoved",
     "Closed", "CorruptLease", "NewerRecord", "Round", "Joined",
     # the errors (shardlease.errors)
     "ShardleaseError", "ConfigError", "StoreError", "StoreUnsafe", "Conflict",

@@ -12,7 +12,14 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import EngineError, HostError, OutdatedGeneration, RunnerDied
-from shardlease.runner import CLOSE_RETRY_FIRST, FENCED_CLOSE_ATTEMPTS, Reason, Runner, State
+from shardlease.runner import (
+    CLOSE_RETRY_FIRST,
+    FENCED_CLOSE_ATTEMPTS,
+    Ended,
+    Reason,
+    Runner,
+    State,
+)
 from shardlease.sim.fakes import StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
 from shardlease.telemetry import (
@@ -44,13 +51,16 @@ class Harness:
         self.closed: list[tuple[float, int, Reason]] = []
         #: shard -> the highest generation an OUTDATED close reported.
         self.highest: dict[int, int | None] = {}
+        #: What the runner said of each shard it was done with, in order.
+        self.ended: list[Ended] = []
         self.runner = Runner(self.host, cluster="c", node="n", clock=LoopClock(),
                              telemetry=self.telemetry, on_closed=self._on_closed, **kwargs)
         self.task: asyncio.Task[None] | None = None
 
-    def _on_closed(self, shard: int, reason: Reason, highest: int | None) -> None:
-        self.closed.append((asyncio.get_running_loop().time(), shard, reason))
-        self.highest[shard] = highest
+    def _on_closed(self, ended: Ended) -> None:
+        self.closed.append((asyncio.get_running_loop().time(), ended.shard, ended.reason))
+        self.highest[ended.shard] = ended.highest
+        self.ended.append(ended)
 
     def start(self) -> Harness:
         self.task = asyncio.create_task(self.runner.run())
@@ -312,7 +322,9 @@ async def test_cancelling_the_runner_closes_every_shard() -> None:
     for s in (1, 2):
         assert h.host.ops(s) == ["open", "open_cancelled", "close", "closed"]
     assert h.host.ops(3) == []  # waiting: never opened, nothing to close
-    assert sorted(s for _, s, _ in h.closed) == [0, 1, 2]
+    # Every shard is reported, the waiting one too: its lease may be freed.
+    assert sorted(s for _, s, _ in h.closed) == [0, 1, 2, 3]
+    assert all(e.closed for e in h.ended)
 
 
 @virtual
@@ -331,6 +343,9 @@ async def test_a_dead_worker_kills_the_runner_which_closes_every_shard() -> None
     assert isinstance(h.task.exception(), RunnerDied)
     assert h.host.open_now == {0: 1} or h.host.open_now == {}
     assert 1 not in h.host.open_now and 2 not in h.host.open_now
+    # What the host may still have open is said so: its lease is not freed.
+    closed = {e.shard: e.closed for e in h.ended}
+    assert closed == {0: 0 not in h.host.open_now, 1: True, 2: True}
     with pytest.raises(RunnerDied):
         h.runner.start(5, 1, 100.0)
 

@@ -152,28 +152,38 @@ def owned(owner: str, renewal: str = "shard", generation: int = 3,
                               renewal=renewal))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("before", "known", "gone_at", "now", "claimable"), [
-    (None, 0, 0.0, 0.0, True),
-    (None, 5, 0.0, 0.0, False),
-    (None, 5, 0.0, TTL + 0.1, True),
-    ("b", 0, 10.0, 10.0, False),
-    ("b", 0, 10.0, 10.0 + TTL, False),
-    ("b", 0, 10.0, 10.1 + TTL, True),
-    (None, 0, 10.0, 10.0, False),
-    ("me", 0, 10.0, 10.0, False),
+@pytest.mark.parametrize(("before", "known", "gone_at", "keepers", "now", "claimable"), [
+    (None, 0, 0.0, [], 0.0, True),
+    (None, 5, 0.0, [], 0.0, False),
+    (None, 5, 0.0, [], TTL + 0.1, True),
+    ("b", 0, 10.0, [], 10.0, False),
+    ("b", 0, 10.0, [], 10.0 + TTL, False),
+    ("b", 0, 10.0, [], 10.1 + TTL, True),
+    (None, 0, 10.0, [], 10.0, False),
+    ("me", 0, 10.0, [], 10.0, False),
+    (None, 5, 0.0, [epoch([2], node="c")], TTL + 0.1, False),
+    (None, 5, 0.0, [epoch([1], node="c")], TTL + 0.1, True),
+    (None, 5, 0.0, None, TTL + 0.1, False),
+    ("b", 0, 10.0, [epoch([2], node="c")], 10.1 + TTL, False),
 ], ids=[
     "never seen, no generation known: a new shard, claimable at once",
     "a generation published (known_generations): missing for a TTL first",
-    "...and then claimable",
+    "...and then claimable, once the epochs say nobody keeps it",
     "seen owned, then gone: its owner's until missing for a TTL",
     "...not a moment before",
     "...and then claimable",
     # (Another node may have claimed it unseen since, and then lost its record.)
     "seen free, then gone: missing for a TTL first too",
     "seen ours (this incarnation, freed), then gone: missing for a TTL first too",
+    # Issue 38, family B: an owner this node never saw keeps it by its epoch.
+    "a generation known, the record never seen: not while a live epoch keeps it",
+    "...but an epoch that keeps others is no keeper",
+    "...and not if the epochs could not be read",
+    "seen owned, then gone, kept by another live epoch: not either",
 ])
 def test_a_missing_record_this_node_knew_existed(
-        before: str | None, known: int, gone_at: float, now: float, claimable: bool) -> None:
+        before: str | None, known: int, gone_at: float, keepers: list[Epoch] | None,
+        now: float, claimable: bool) -> None:
     view = make_view()
     if known:
         view.known_generations({2: known})
@@ -183,6 +193,10 @@ def test_a_missing_record_this_node_knew_existed(
     elif gone_at > 0:
         view.observe({2: free_lease(None, 0.0)}, 4, 0.0, ())
     view.observe({}, 4, gone_at, ())
+    view.observe({}, 4, now, ())
+    # What the loop's round does for a damaged record unchanged for a TTL.
+    if 2 in view.idle and 2 in view.damaged:
+        view.attribute([2], {}, keepers, now, since=0.0)
     assert view.claimable(2, None, now) is claimable
 
 
@@ -203,4 +217,57 @@ def test_after_an_outdated_refusal_nothing_is_claimed_for_a_ttl(
     view.observe({2: stored}, 4, 0.0, ())
     view.refused(2, 9, 10.0)
     assert view.max_generation[2] == 9
+    assert view.claimable(2, stored, now) is claimable
+
+
+@pytest.mark.parametrize(("seen_ttls", "wait"), [
+    ((), TTL),
+    ((TTL, 90.0), 90.0),
+    ((90.0, TTL), 90.0),
+], ids=[
+    "nothing longer seen: this node's TTL",
+    "a record of a TTL cut in place since (90 then 15): the longer",
+    "...whichever record said it",
+])
+def test_a_refusal_waits_the_longest_ttl_a_node_may_still_hold_the_shard_by(
+        seen_ttls: tuple[float, ...], wait: float) -> None:
+    # Issue 38, family C: the unseen owner may renew at a TTL longer than
+    # this node's (cut in place), and be valid by it while its writes fail.
+    view = make_view()
+    for k, ttl in enumerate(seen_ttls):
+        view.observe({1: Stored(f"v{k}", Lease(cluster="c", shard=1, owner="b", generation=1,
+                                                 incarnation="i1", write_id="w", ttl=ttl))},
+                     4, float(k), ())
+    assert view.refusal_wait(2) == wait
+    view.refused(2, 9, 10.0)
+    assert not view.claimable(2, free_lease(None, 0.0), 10.0 + wait)
+    assert view.claimable(2, free_lease(None, 0.0), 10.1 + wait)
+
+
+@pytest.mark.parametrize(("reserved_for", "keepers", "now", "claimable"), [
+    (None, [], 9.9 + TTL, False),
+    (None, [], 10.1 + TTL, True),
+    (None, [epoch([2], node="c")], 10.1 + TTL, False),
+    (None, None, 10.1 + TTL, False),
+    ("me", None, 10.0, True),
+], ids=[
+    "a free kept from every node (a refusal's): not by a node that knows nothing of it",
+    "...until it has seen it unchanged for the hold, and no epoch keeps it",
+    "...never while a live epoch keeps it (the owner whose record was lost)",
+    "...nor if the epochs could not be read",
+    "one kept for this node's name (a handoff's): at once",
+])
+def test_a_free_kept_from_every_node_holds_off_a_restarted_node_too(
+        reserved_for: str | None, keepers: list[Epoch] | None, now: float,
+        claimable: bool) -> None:
+    # Issue 38, A4: the refusing node's next incarnation (a restart, a new
+    # loop) knows nothing of the refusal but what the record says; and
+    # families A and B in node mode: the owner whose record was lost keeps
+    # the shard by its epoch, whatever the hold.
+    view = make_view()
+    stored = free_lease(reserved_for, TTL)
+    view.observe({2: stored}, 4, 10.0, ())
+    view.observe({2: stored}, 4, now, ())
+    if 2 in view.idle and 2 in view.damaged:
+        view.attribute([2], {2: stored}, keepers, now, since=0.0)
     assert view.claimable(2, stored, now) is claimable

@@ -87,7 +87,11 @@ class Calls:
                 # retrieved here, not reported at garbage collection.
                 task.add_done_callback(_retrieve)
                 self._inflight[key] = task
-            return await asyncio.wait_for(asyncio.shield(task), left)
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancellation
+            # that comes in the turn the call answers (the caller, a task of
+            # the loop being aborted, then went on for ever).
+            async with asyncio.timeout(left):
+                return await asyncio.shield(task)
 
         return await self._retried(what, self.budget, attempt)
 

@@ -24,8 +24,10 @@ import contextlib
 import enum
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock
@@ -33,9 +35,9 @@ from shardlease.errors import Conflict, StoreError
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
-from shardlease.runner import Reason, Runner
+from shardlease.runner import Ended, Reason, Runner
 from shardlease.stores.base import VANISHED, LeaseStore
-from shardlease.telemetry import Lost, Release, RenewFailed, Telemetry
+from shardlease.telemetry import LeftToExpire, Lost, Release, RenewFailed, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
 
@@ -78,24 +80,41 @@ class Held:
     #: When the runner closed it (monotonic): a node-mode lease its epoch
     #: keeps must be freed within a TTL of that, or the epoch is given up.
     closed_at: float | None = None
+    #: Not freed before this (monotonic): its lease's expiry when the host
+    #: may still have the shard open (its close did not succeed).
+    free_after: float = -math.inf
     #: The round of this node that claimed it (placement gives back the
     #: newest first).
     claimed_in: int = 0
     #: The host has seen this generation (an open refused as outdated): the
     #: free writes it, so that the next claim is above it.
     floor: int = 0
+    #: Seconds the free keeps the shard from every node (the refusal's wait,
+    #: `view.LeaseView.refusal_wait`; 0: none). Why a field: the view
+    #: judges it when the refusal comes, the free writes it later.
+    reserve: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def wrote(self, lease: Lease, version: str, now: float) -> None:
         self.lease, self.version, self.changed_at = lease, version, now
 
-    def closed(self, reason: Reason, now: float) -> None:
+    def closed(self, reason: Reason, now: float, free_after: float = -math.inf) -> None:
         self.phase, self.reason, self.closed_at = Phase.CLOSED, reason, now
+        self.free_after = free_after
 
     @property
     def by_epoch(self) -> bool:
         """Kept by its epoch (node mode), not by rewriting the record."""
         return self.lease.renewal == "node"
+
+
+def renewed_apart(answered_in: float, ttl: float, margin: float, pace: float) -> bool:
+    """Whether a shard-mode claim answered `answered_in` seconds after it was
+    sent is renewed apart from the batch (`Keeper.claimed`): left to the
+    batch, its first renewal may be sent a pace and a latency after the
+    answer and land a latency later, 3 latencies + a pace after the claim
+    was sent, which must be within its deadline (sent + ttl - margin)."""
+    return answered_in > (ttl - margin - pace) / 3
 
 
 async def gather_limited(*calls: Callable[[], Awaitable[None]]) -> None:
@@ -130,6 +149,9 @@ class Keeper:
         #: batch, which a free that hangs (up to a TTL) would hold up, and
         #: with it the renewal of every shard still open.
         self._frees: dict[int, asyncio.Task[None]] = {}
+        #: The renewals of each slow claim, apart from the batch until a
+        #: batch renews it (`claimed`).
+        self._apart: dict[int, asyncio.Task[None]] = {}
         #: Leases of ours not held may remain (unknown until a read).
         self.strays = True
         #: A graceful stop under `handoff: hold`: every lease it frees is kept
@@ -141,7 +163,9 @@ class Keeper:
         self._withdrawn_at: float | None = None
         #: Node mode, stopping: closed shards of the current epoch whose
         #: leases are freed all at once by the end of the epoch (`end_epoch`).
-        self.left_to_end: list[int] = []
+        #: (Each with what it was held as: if the epoch is not ended after
+        #: all, an abort frees them one by one, `free_alone`.)
+        self.left_to_end: dict[int, Held] = {}
 
     @property
     def ttl(self) -> float:
@@ -252,6 +276,7 @@ class Keeper:
 
     def lost(self, shard: int) -> None:
         logger.warning("lost the lease of shard %d: another node holds it", shard)
+        self._forget_apart(shard)
         self.held.pop(shard, None)
         self.runner.stop(shard, Reason.LOST)
         self.telemetry.emit(Lost(cluster=self.cluster, node=self.name, shard=shard))
@@ -269,6 +294,49 @@ class Keeper:
         if any(h.lease.ttl != self.ttl for h in self.held.values() if h.phase is not Phase.CLOSED):
             pace = min(pace, self.earlier_pace())
         return pace
+
+    def claimed(self, shard: int, sent: float) -> None:
+        """A shard-mode claim sent at `sent` landed and opened. Answered slowly,
+        it is renewed an interval after `sent`, apart from the batch, as the
+        batch renews the others an interval after theirs; and so on, until a
+        batch renews it (one that starts while this renewal waits). Left to
+        the batch (one in flight, or the next, up to an interval after the
+        claim's *answer*), its first renewal could go out an interval and a
+        latency after that answer, and land a latency later still: past the
+        deadline (sent + TTL - margin) once the store answers in more than
+        (TTL - margin - interval) / 3 (the slow-store process test on a
+        loaded machine; tests/sim/test_ordinary_faults.py). A claim answered
+        faster is left to the batch, which renews it in time."""
+        held = self.held.get(shard)
+        if held is None or held.by_epoch or self.runner.deadline(shard) is None:
+            return  # (node mode: the epoch renews it)
+        if renewed_apart(self.clock.monotonic() - sent, held.lease.ttl,
+                         self.options().margin_s, self.renew_pace()):
+            self._start(self._apart, shard, self._renew_apart(shard, held, sent))
+
+    async def _renew_apart(self, shard: int, held: Held, sent: float) -> None:
+        mine = held.changed_at
+        while True:
+            wait = sent + self.renew_pace() - self.clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            sent = self.clock.monotonic()
+            try:
+                if not await self._renew(shard, held, unless_changed_since=mine):
+                    return  # a batch renewed it (it keeps it now), or it is gone
+            except StoreError as e:
+                # The batch tries again (and says so if it fails too).
+                logger.info("renewal of shard %d (apart from the batch) failed: %s", shard, e)
+                return
+            finally:
+                self.runner.flush()
+            mine = held.changed_at
+
+    def _forget_apart(self, shard: int) -> None:
+        """The shard closes or is lost: no renewal apart is waited for (a
+        graceful stop awaits the tasks the keeper started)."""
+        if (task := self._apart.pop(shard, None)) is not None:
+            task.cancel()
 
     async def renew_all(self) -> bool:
         """Renew every held lease, and start the free again of each closed
@@ -290,9 +358,12 @@ class Keeper:
         for shard, held in list(self.held.items()):
             if held.phase is Phase.CLOSED and shard not in self._frees:
                 self._start_free(shard, held)  # (tried again: the last one failed)
-        # Node-mode leases are renewed by the epoch.
+        # Node-mode leases are renewed by the epoch; a claim's renewal in
+        # flight apart from the batch (`claimed`) is left to land: the batch
+        # would wait on its lock, and every shard's next renewal with it.
         await gather_limited(*(one(s, h) for s, h in list(self.held.items())
-                               if not h.by_epoch and h.phase is not Phase.CLOSED))
+                               if not h.by_epoch and h.phase is not Phase.CLOSED
+                               and not (s in self._apart and h.lock.locked())))
         self.runner.flush()  # the host learns the moved deadlines, in one call
         if not self.stopping() and (stranded := self.stranded()):
             await self.own.give_up(f"could not free shard(s) {stranded} within a TTL of "
@@ -308,10 +379,14 @@ class Keeper:
             self.held[shard].phase = Phase.RELEASING
             self.runner.stop(shard, Reason.RELEASE)
 
-    async def _renew(self, shard: int, held: Held) -> None:
+    async def _renew(self, shard: int, held: Held, *,
+                     unless_changed_since: float | None = None) -> bool:
+        """Renew one lease; False if it was not tried (no longer held, closed,
+        or written since `unless_changed_since`, a `Held.changed_at`)."""
         async with held.lock:
-            if self.held.get(shard) is not held or held.phase is Phase.CLOSED:
-                return
+            if self.held.get(shard) is not held or held.phase is Phase.CLOSED \
+                    or unless_changed_since not in (None, held.changed_at):
+                return False
             # Any attempt may be the one that lands (a lost answer): the
             # deadline counts from the first, the earliest an observer can
             # have seen this renewal.
@@ -324,6 +399,7 @@ class Keeper:
             if await self._write_step(shard, held, lease, "renewal",
                                       None if deadline is None else deadline - sent):
                 self.runner.extend(shard, self.deadline(sent, lease.ttl))
+            return True
 
     def written_ttl(self, current: float, deadline: float | None, sent: float) -> float:
         """The TTL a renewal sent at `sent` writes over a record carrying
@@ -343,56 +419,84 @@ class Keeper:
 
     # -- frees ------------------------------------------------------------------------------
 
-    def on_closed(self, shard: int, reason: Reason, highest: int | None = None) -> None:
-        """The runner closed a shard: free its lease now (and again from the
-        renewals until that works); nothing if it was lost. `highest`:
-        the host has seen that generation (Reason.OUTDATED), so the free
-        writes it, and every node's next claim goes above it."""
+    def on_closed(self, ended: Ended, reserve: float = 0.0) -> None:
+        """The runner is done with a shard: free its lease now (and again from
+        the renewals until that works); nothing if it was lost. If the host
+        may still have the shard open (`ended.closed` False), not before the
+        lease's expiry: until then the next owner could open it beside the
+        host (in node mode the epoch keeps beating, but no longer names it).
+        `ended.highest`: the host has seen that generation (it refused the
+        open as outdated), so the free writes it, and every node's next
+        claim goes above it, not within `reserve` seconds of the free."""
+        shard = ended.shard
+        self._forget_apart(shard)
         held = self.held.get(shard)
         if held is None:
             return
-        held.closed(reason, self.clock.monotonic())
-        if highest is not None:
-            held.floor = max(highest, held.floor)
+        now = self.clock.monotonic()
+        held.closed(ended.reason, now, -math.inf if ended.closed else ended.expiry)
+        if ended.highest is not None:
+            held.floor = max(ended.highest, held.floor)
+            held.reserve = max(reserve, held.reserve)
+        if not ended.closed:
+            self.left_to_expire(shard, ended.expiry - now)
         self._start_free(shard, held)
 
+    def left_to_expire(self, shard: int, left: float) -> None:
+        """Say that the lease of `shard`, which the host may still have open,
+        is not freed before it expires (`left` seconds from now at most)."""
+        self.telemetry.emit(LeftToExpire(cluster=self.cluster, node=self.name, shard=shard,
+                                         left=max(0.0, left)))
+
     def _start_free(self, shard: int, held: Held) -> None:
-        task = asyncio.create_task(self._free_soon(shard, held))
-        self._frees[shard] = task
+        self._start(self._frees, shard, self._free_soon(shard, held))
+
+    def _start(self, tasks: dict[int, asyncio.Task[None]], shard: int,
+               work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` about `shard` apart from the renewals' batch, as the
+        shard's entry in `tasks` until it ends, awaited before the loop ends."""
+        task = asyncio.create_task(work)
+        tasks[shard] = task
 
         def done(t: asyncio.Task[None]) -> None:
-            if self._frees.get(shard) is t:
-                del self._frees[shard]
+            if tasks.get(shard) is t:
+                del tasks[shard]
         task.add_done_callback(done)
         self.track(task)
 
     async def _free_soon(self, shard: int, held: Held) -> None:
+        wait = held.free_after - self.clock.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
             await self.free(shard, held)
         except StoreError as e:
             logger.warning("could not free shard %d yet (retried with the renewals): %s",
                            shard, e)
 
-    async def free(self, shard: int, held: Held) -> None:
+    async def free(self, shard: int, held: Held, *, alone: bool = False) -> None:
         """Write "no owner" (keeping the generation, or raising it to the
-        host's) on a closed shard's lease;
-        while stopping in node mode, leave it to the end of the epoch."""
+        host's) on a closed shard's lease; while stopping in node mode, leave
+        it to the end of the epoch, unless `alone` (the epoch will not be
+        ended: it keeps a shard its host may still have open)."""
         async with held.lock:
-            if self.held.get(shard) is not held:
+            if self.held.get(shard) is not held or held.free_after > self.clock.monotonic():
                 return
-            if held.by_epoch and self._left_to_end(held.lease) \
-                    and held.floor <= held.lease.generation:
+            # (Not one the host refused: the end would free it for every
+            # node at once, where its free keeps it from all for a while.)
+            if not alone and held.by_epoch and self._left_to_end(held.lease) \
+                    and held.floor == 0:
                 # One write ends the epoch and frees every lease of it
                 # (`end_epoch`), rather than one write per shard.
                 self.held.pop(shard, None)
-                self.left_to_end.append(shard)
+                self.left_to_end[shard] = held
                 return
             if held.freeing is None:
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
                     "generation": max(held.lease.generation, held.floor),
                     "renewed_at": self.clock.wall(), "since": self.clock.wall(),
-                    **self._reservation(held.reason)})
+                    **self._reservation(held.reserve)})
             try:
                 if not await self._write_step(shard, held, held.freeing, "free", self.ttl):
                     return
@@ -408,11 +512,12 @@ class Keeper:
             self.released(shard)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
-    def _reservation(self, reason: Reason | None = None) -> dict[str, object]:
+    def _reservation(self, refused: float = 0.0) -> dict[str, object]:
         """What a free writes of a reservation: kept for this node's name
-        while a stop under `handoff: hold` frees it; kept for a TTL after the
-        host refused the claim's generation as outdated; nothing otherwise
-        (and a free after a release clears an earlier one).
+        while a stop under `handoff: hold` frees it; kept from every node
+        for `refused` seconds (the longest TTL a node may still hold the
+        shard by) after the host refused the claim's generation as outdated;
+        nothing otherwise (and a free after a release clears an earlier one).
 
         Why after a refusal: another host opened a generation at least as
         high, and its node may hold the shard still (its record was deleted
@@ -422,11 +527,15 @@ class Keeper:
         sees its record gone. Claimed again above at once, the shard would
         be open twice until then; the generation would fence the older
         writer at the application, but two owners would be open. This node
-        waits out the same TTL (`view.LeaseView.refused`)."""
+        waits out the same time (`view.LeaseView.refused`)."""
+        if refused > 0:
+            # Kept for no node, this one included (its next incarnation reads
+            # the record, not this one's memory), and for no less than a
+            # stop's hold: neither shortens the wait.
+            hold = max(refused, self.hold if self.stopping() else 0.0)
+            return {"reserved_for": None, "hold": min(hold, MAX_HOLD)}
         if self.stopping() and self.hold > 0:
             return {"reserved_for": self.name, "hold": self.hold}
-        if reason is Reason.OUTDATED:
-            return {"reserved_for": self.name, "hold": min(self.ttl, MAX_HOLD)}
         return {"reserved_for": None, "hold": 0.0}
 
     def _left_to_end(self, lease: Lease) -> bool:
@@ -436,22 +545,38 @@ class Keeper:
         return self.stopping() and lease.renewal == "node" \
             and lease.incarnation == self.own.epoch and self.own.valid()
 
-    async def end_epoch(self) -> None:
+    async def end_epoch(self) -> bool:
         """Stopping in node mode, once nothing is held: end the epoch (one
-        compare-and-swap), which frees every lease left to it at once."""
+        compare-and-swap), which frees every lease left to it at once. True
+        if it did."""
         if not self.left_to_end:
             # Nothing to free: the record is deleted (peers wait a TTL after
             # they see it gone, in case a lease of it was written unheard).
             await self.own.retire()
-            return
+            return False
         ended = await self.own.end()
-        shards, self.left_to_end = self.left_to_end, []
+        shards, self.left_to_end = sorted(self.left_to_end), {}
         if not ended:
-            return
+            return False
         for shard in shards:
             self.released(shard)
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard,
                                         ended=True))
+        return True
+
+    async def free_alone(self) -> None:
+        """Node mode, stopped short with an epoch that is not to be ended (it
+        keeps a shard its host may still have open): free the closed shards
+        left to its end each by a write of its own (the caller bounds it)."""
+        shards, self.left_to_end = sorted(self.left_to_end.items()), {}
+        for shard, held in shards:
+            self.held[shard] = held
+
+        async def one(shard: int, held: Held) -> None:
+            with contextlib.suppress(StoreError):
+                await self.free(shard, held, alone=True)
+
+        await gather_limited(*(functools.partial(one, s, h) for s, h in shards))
 
     def stranded(self) -> list[int]:
         """Node mode: closed shards of the current epoch whose lease could not
@@ -478,7 +603,8 @@ class Keeper:
                 continue
             if self._left_to_end(rec):
                 if shard not in self.left_to_end:
-                    self.left_to_end.append(shard)
+                    self.left_to_end[shard] = Held(rec, stored.version, phase=Phase.CLOSED,
+                                                   changed_at=self.clock.monotonic())
                 continue
             lease = rec.model_copy(update={"owner": None, "incarnation": None,
                                            "write_id": new_write_id(),
@@ -486,7 +612,8 @@ class Keeper:
                                            "since": self.clock.wall(), **self._reservation()})
             try:
                 await self.calls.bounded(f"free of stray shard {shard}",
-                                         functools.partial(self.write, lease, stored.version))
+                                         functools.partial(self.write, lease, stored.version),
+                                         budget=self.ttl)
             except Conflict:
                 # Changed since the read: freed by this node's own release in
                 # the meantime, or taken by a peer. Either way no longer ours.

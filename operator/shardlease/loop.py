@@ -72,11 +72,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import math
 import random
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +88,12 @@ from shardlease.epochs import EpochKey, EpochWatch
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.heartbeats import Heartbeats
 from shardlease.hosts.base import Host
-from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase
+from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase, gather_limited
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
 from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
-from shardlease.runner import Reason, Runner, State
+from shardlease.runner import Ended, Reason, Runner, State
 from shardlease.stores.base import Change, LeaseStore, Listed
 from shardlease.telemetry import (
     Claim,
@@ -1010,8 +1011,12 @@ class PlacementLoop:
         self.view.claimed(shard, lease)
         try:
             self.runner.start(shard, generation, deadline)
-        except EngineError as e:  # it ended while we claimed: the lease is freed on the way out
+        except EngineError as e:
+            # It ended while we claimed: never opened, so the lease is freed
+            # on the way out.
+            self.held[shard].closed(Reason.SHUTDOWN, self.clock.monotonic())
             raise RunnerDied("the shard runner stopped") from e
+        self.keeper.claimed(shard, sent)
         if adopted:
             logger.info("shard %d was free for over a TTL: claimed above the share", shard)
         self.telemetry.emit(Claim(cluster=self.cluster, node=self.name, shard=shard,
@@ -1020,17 +1025,18 @@ class PlacementLoop:
 
     # -- after the runner closed a shard ----------------------------------------
 
-    def _on_closed(self, shard: int, reason: Reason, highest: int | None = None) -> None:
-        if highest is not None:
+    def _on_closed(self, ended: Ended) -> None:
+        if ended.highest is not None:
             # The host has seen `highest`: this node's next claim goes above
             # it even if the free that says so to the others fails, and not
             # within a TTL (`view.LeaseView.refused`).
-            self.view.refused(shard, highest, self.clock.monotonic())
-        self._cool(shard, reason)
-        self.keeper.on_closed(shard, reason, highest)
+            self.view.refused(ended.shard, ended.highest, self.clock.monotonic())
+        self._cool(ended.shard, ended.reason)
+        self.keeper.on_closed(ended, self.view.refusal_wait(ended.shard))
 
     def _track(self, task: asyncio.Task[None]) -> None:
-        """A free the keeper started: awaited before the loop ends."""
+        """A free (or a slow claim's renewals) the keeper started: awaited
+        before the loop ends."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # Freeing does not start a round early (a refusing host would spin),
@@ -1070,25 +1076,70 @@ class PlacementLoop:
 
     async def _abandon(self, runner: asyncio.Task[None],
                        keepers: list[asyncio.Task[None]]) -> None:
-        """Cancelled or failed: the runner closes every open shard (its abort),
-        then free what we can without waiting for anything slow."""
+        """Cancelled or failed: the runner closes every open shard (its
+        abort), then the leases of the shards the host closed are freed, all
+        within one interval (a second signal ends the process within one;
+        what is not done by then is left to a TTL of silence, as after a
+        crash). One whose close failed, or was cut short, may still be open
+        at the host: it is left to expire (never freed early: the next owner
+        would open it beside the host; in node mode the epoch is deleted,
+        which peers wait a TTL to trust)."""
+        end = self.clock.monotonic() + self.options.interval_s
+
+        def left() -> float:
+            return max(0.0, end - self.clock.monotonic())
+
         await _cancel(*keepers, *self.calls.in_flight())
-        await _cancel(runner)
-        await self._drain_tasks()
+        runner.cancel()
+        await asyncio.wait({runner}, timeout=left())
+        await _cancel(runner)  # (again, if its closes outlast the interval)
+        # Frees in flight, or waiting for an unclosed shard's expiry, are
+        # done again here or not at all.
+        await _cancel(*self._tasks)
+        now = self.clock.monotonic()
+        # Node mode: an epoch that keeps a shard its host may still have open
+        # is not ended (that would free it): the closed ones are freed alone.
+        unclosed = any(h.phase is not Phase.CLOSED or h.free_after > now
+                       for h in self.held.values()
+                       if h.by_epoch and h.lease.incarnation == self.epoch)
+        frees = []
         for shard, held in list(self.held.items()):
             if held.phase is not Phase.CLOSED:
-                held.closed(Reason.SHUTDOWN, self.clock.monotonic())
-            with contextlib.suppress(StoreError, TimeoutError):
-                await asyncio.wait_for(self.keeper.free(shard, held), self.options.interval_s)
-        with contextlib.suppress(StoreError, TimeoutError):
-            await asyncio.wait_for(self.store.delete_heartbeat(self.cluster, self.name),
-                                   self.options.interval_s)
-        if self.mode == "node":
-            # Every shard is closed by now: the epoch keeps nothing open.
-            with contextlib.suppress(StoreError, TimeoutError):
-                await asyncio.wait_for(
-                    self.store.delete_epoch(self.cluster, self.name, self.epoch),
-                    self.options.interval_s)
+                # The runner never said it was closed: its close was cut short.
+                logger.error("shard %d: its close did not finish before the node stopped: "
+                             "its lease is left to expire", shard)
+                self.keeper.left_to_expire(shard, held.lease.ttl)
+                continue
+            if held.free_after > now:
+                continue  # (said when the runner gave it up)
+            frees.append(functools.partial(self.keeper.free, shard, held, alone=unclosed))
+
+        async def quietly(call: Callable[[], Awaitable[None]]) -> None:
+            with contextlib.suppress(StoreError):
+                await call()
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left()):
+                await gather_limited(*(functools.partial(quietly, f) for f in frees))
+                await quietly(functools.partial(self.store.delete_heartbeat, self.cluster,
+                                                self.name))
+                if self.mode == "node":
+                    await self._abandon_epoch(unclosed)
+
+    async def _abandon_epoch(self, unclosed: bool) -> None:
+        """Node mode, stopped short: every shard of the epoch closed at its
+        host, end the epoch, which frees them all at once. One its host may
+        still have open: free the closed ones alone and delete the record
+        instead; peers wait a TTL after they see it gone, by when that lease
+        has expired."""
+        if unclosed:
+            await self.keeper.free_alone()
+        elif self.keeper.left_to_end:
+            with contextlib.suppress(StoreError):
+                if await self.keeper.end_epoch():
+                    return
+        with contextlib.suppress(StoreError):
+            await self.store.delete_epoch(self.cluster, self.name, self.epoch)
 
 
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:

@@ -137,7 +137,7 @@ class OwnEpoch:
             self.runner.flush()  # the host learns the moved deadlines, in one call
         return True
 
-    async def _still_ours(self, epoch: str) -> bool:
+    async def _still_ours(self, epoch: str, budget: float | None = None) -> bool:
         """A write of our epoch conflicted: with an earlier write of ours whose
         answer was lost and never recognised (the record is ours, not ended:
         take its version, and write again next time; the deadline does not
@@ -147,7 +147,7 @@ class OwnEpoch:
         try:
             current = await self.calls.bounded(
                 "read of our epoch", functools.partial(self.store.get_epoch, self.cluster,
-                                                       self.name, epoch))
+                                                       self.name, epoch), budget=budget)
         except StoreError as e:
             logger.warning("epoch renewal conflicted and our epoch could not be read: %s", e)
             return True  # unknown: retried, and fenced at the deadline if it stays so
@@ -205,38 +205,55 @@ class OwnEpoch:
         then wait for the silence, as after a crash)."""
         async with self._lock:
             self.retired = True
-            await self._delete_unheard()
-            if self.version is None:
-                return False  # never written (or lost): nothing of it to end
-            if (still := self.shards_of(self.epoch)):
-                # (Not reached: the loop ends the epoch once nothing is held.)
-                logger.error("not ending epoch %s: shard(s) %s not closed yet; their leases "
-                             "are taken after a TTL of silence", self.epoch, sorted(still))
-                return False
-            self._seq += 1
-            record = Epoch(cluster=self.cluster, node=self.name, epoch=self.epoch,
-                           seq=self._seq, write_id=new_write_id(), at=self.clock.wall(),
-                           ttl=self.ttl, ended_by=self.name, keeps="", hold=self.hold)
-            for _ in range(2):
-                version = self.version
-                try:
-                    await self.calls.bounded("end of our epoch", functools.partial(
-                        self.store.write_epoch, record, version))
-                except Conflict:
-                    # A beat of ours cut short by the stop may have landed
-                    # unheard: then ours, at a version we did not know.
-                    if not await self._still_ours(self.epoch):
-                        logger.info("our epoch %s was ended by a peer first", self.epoch)
-                        return True
-                    continue
-                except StoreError as e:
-                    logger.warning("could not end our epoch %s: %s", self.epoch, e)
-                    break
-                logger.info("ended our epoch %s: its leases may be taken at once", self.epoch)
-                return True
-            logger.warning("could not end our epoch %s: peers take its leases after a TTL "
-                           "of silence", self.epoch)
+            started = self.clock.monotonic()
+            try:
+                return await self._end(started)
+            finally:
+                # After the end, which peers wait for, not before it: the
+                # records of creates that went unanswered (peers collect them
+                # after two TTLs of silence anyway). Before it, on a slow store
+                # they took the end past its TTL (sim (g), seed 3542864437).
+                await self._delete_unheard()
+
+    async def _end(self, started: float) -> bool:
+        """The end itself (`end`, under the lock)."""
+        if self.version is None:
+            return False  # never written (or lost): nothing of it to end
+        if (still := self.shards_of(self.epoch)):
+            # (Not reached: the loop ends the epoch once nothing is held.)
+            logger.error("not ending epoch %s: shard(s) %s not closed yet; their leases "
+                         "are taken after a TTL of silence", self.epoch, sorted(still))
             return False
+        self._seq += 1
+        record = Epoch(cluster=self.cluster, node=self.name, epoch=self.epoch,
+                       seq=self._seq, write_id=new_write_id(), at=self.clock.wall(),
+                       ttl=self.ttl, ended_by=self.name, keeps="", hold=self.hold)
+        for _ in range(2):
+            version = self.version
+            try:
+                # Useful until peers would end it themselves: a TTL, not
+                # one round's budget (cut there, a slow store left every
+                # lease to a TTL of silence: the graceful-stop process
+                # test on MinIO; sim (g) with the swarm's slow_stop kind).
+                await self.calls.bounded("end of our epoch", functools.partial(
+                    self.store.write_epoch, record, version), budget=self.ttl)
+            except Conflict:
+                # A beat of ours cut short by the stop may have landed
+                # unheard: then ours, at a version we did not know.
+                if not await self._still_ours(self.epoch, budget=self.ttl):
+                    logger.info("our epoch %s was ended by a peer first", self.epoch)
+                    return True
+                continue
+            except StoreError as e:
+                logger.warning("could not end our epoch %s (version %s) in %.3gs: %s",
+                               self.epoch, version, self.clock.monotonic() - started, e)
+                break
+            logger.info("ended our epoch %s in %.3gs: its leases may be taken at once",
+                        self.epoch, self.clock.monotonic() - started)
+            return True
+        logger.warning("could not end our epoch %s: peers take its leases after a TTL "
+                       "of silence", self.epoch)
+        return False
 
     async def retire(self) -> None:
         """Stop renewing the epoch and delete its record (after any write of
@@ -246,12 +263,15 @@ class OwnEpoch:
             self.retired = True
             if self._created_unheard:
                 self.unheard.append(self.epoch)
-            await self._delete_unheard()
-            if self.version is not None:
-                await self.calls.bounded(
-                    "epoch deletion",
-                    lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch))
-                self.version = None
+            try:
+                if self.version is not None:
+                    await self.calls.bounded(
+                        "epoch deletion",
+                        lambda: self.store.delete_epoch(self.cluster, self.name, self.epoch),
+                        budget=self.ttl)
+                    self.version = None
+            finally:
+                await self._delete_unheard()  # (after: see `end`)
 
     async def _delete_unheard(self) -> None:
         """Delete the records that unanswered creates may have left (a stop:
@@ -259,7 +279,7 @@ class OwnEpoch:
         for epoch in list(self.unheard):
             try:
                 await self.calls.bounded(f"deletion of epoch {epoch}", functools.partial(
-                    self.store.delete_epoch, self.cluster, self.name, epoch))
+                    self.store.delete_epoch, self.cluster, self.name, epoch), budget=self.ttl)
             except StoreError as e:
                 logger.info("could not delete epoch %s (its create went unanswered): %s",
                             epoch, e)

@@ -14,6 +14,12 @@ when it is stopped or fenced is never opened.
 If the runner's supervisor dies, every worker is cancelled and every open
 shard gets a best-effort close; the loop sees the dead task and stops.
 
+The loop hears of every shard the runner is done with (`Ended`), and whether
+the host has it closed. A lease is freed only after its shard's close
+succeeded: one whose close failed, was abandoned or was cut short is left to
+expire (the seed: stop the shard, and only then free the lease, so the next
+owner opens a closed database).
+
 A host that learns validities (`LeasedHost`, the HTTP host) is opened with
 the shard's validity (its deadline minus now), and told each new one: the
 renewals of a pass collect the shards whose deadline moved, and `flush()`
@@ -81,6 +87,27 @@ class Reason(enum.StrEnum):
     FENCED = "fenced"  # deadline passed: the lease may be about to expire
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ended:
+    """What the runner tells the loop when it is done with a shard."""
+
+    shard: int
+    #: Why it was stopped.
+    reason: Reason
+    #: Whether the host has the shard closed: its close succeeded, or it
+    #: was never opened. False when the close failed, timed out, was
+    #: abandoned at the lease's expiry or cut short by the runner's end: the
+    #: host may still have it open, so its lease is not freed before
+    #: `expiry` (the seed's rule: stop the shard, and only then free it).
+    closed: bool = True
+    #: When another node may take the lease, as this node sees it (monotonic):
+    #: the deadline given last + the margin it was given with (inf: unbounded).
+    expiry: float = math.inf
+    #: The host refused the open as outdated (whatever the reason the shard
+    #: was stopped for): the highest generation it has seen.
+    highest: int | None = None
+
+
 @dataclass(eq=False)
 class _Shard:
     shard: int
@@ -136,7 +163,7 @@ class Runner:
         margin: float | None = None,
         warn_ahead: float = 0.0,
         extend_timeout: float | None = None,
-        on_closed: Callable[[int, Reason, int | None], None] | None = None,
+        on_closed: Callable[[Ended], None] | None = None,
     ) -> None:
         self.host = host
         self.cluster = cluster
@@ -416,17 +443,29 @@ class Runner:
         await asyncio.gather(*workers, return_exceptions=True)
 
         async def close(st: _Shard) -> None:
+            closed = False
             try:
                 await self._close_once(st, until=self._expiry(st))
                 self._unclosed.discard(st.shard)
+                closed = True
             except _Expired:
                 self._overrun(st)
             except Exception as e:
-                logger.warning("close of shard %d failed on the way out: %s", st.shard, e)
-            self._finish(st, st.reason or Reason.SHUTDOWN)
+                logger.warning("close of shard %d failed on the way out: %s", st.shard,
+                               e or type(e).__name__)
+            self._finish(st, st.reason or Reason.SHUTDOWN, closed=closed)
 
+        # Cancelled again meanwhile (the loop bounds this: a second signal
+        # ends the process within an interval), a close cut short reports
+        # nothing: its lease, still held, is left to expire.
         await asyncio.gather(*(close(st) for st in list(self._shards.values())
                                if st.state in (State.OPENING, State.OPEN, State.CLOSING)))
+        for st in list(self._shards.values()):
+            if st.state is State.WAITING:
+                # Never opened: nothing to close, unless an earlier close of
+                # the shard was abandoned (the host may have that one open).
+                self._finish(st, st.reason or Reason.SHUTDOWN,
+                             closed=st.shard not in self._unclosed)
         # The aborts just sent (each bounded): the application should hear them.
         await asyncio.gather(*self._aborting, return_exceptions=True)
 
@@ -446,7 +485,9 @@ class Runner:
 
     async def _drive(self, st: _Shard) -> None:
         if st.shard in self._unclosed and not await self._close_abandoned(st):
-            self._finish(st, st.reason or Reason.OPEN_FAILED)
+            # The host may have the shard open still (an earlier generation):
+            # not closed, so its new lease is not freed before it expires.
+            self._finish(st, st.reason or Reason.OPEN_FAILED, closed=False)
             return
         opened = await self._open(st)
         if opened:
@@ -456,9 +497,10 @@ class Runner:
                                        generation=st.generation, deadline=st.deadline,
                                        deadline_wall=now_w + (st.deadline - now_m)))
             await st.stop.wait()
+        closed = True
         if st.state in (State.OPENING, State.OPEN):
-            await self._close(st)
-        self._finish(st, st.reason or Reason.OPEN_FAILED)
+            closed = await self._close(st)
+        self._finish(st, st.reason or Reason.OPEN_FAILED, closed=closed)
 
     async def _close_abandoned(self, st: _Shard) -> bool:
         """Close at the host a shard whose last close was abandoned, before
@@ -524,8 +566,13 @@ class Runner:
                 return False
             if (exc := opening.exception()) is not None:
                 logger.warning("open of shard %d failed: %s", st.shard, exc)
-                if st.reason is None and isinstance(exc, OutdatedGeneration):
-                    st.reason, st.highest = Reason.OUTDATED, exc.highest
+                if isinstance(exc, OutdatedGeneration):
+                    # Also when a stop or a release came during the open: the
+                    # host has seen `highest`, and the free must say so and
+                    # keep the shard from everyone as long (issue 38, A1).
+                    st.highest = exc.highest
+                    if st.reason is None:
+                        st.reason = Reason.OUTDATED
                 elif st.reason is None:
                     st.reason = Reason.OPEN_FAILED
                 return False
@@ -548,10 +595,13 @@ class Runner:
         # comes after such a stop.
         await st.fenced.wait()
 
-    async def _close(self, st: _Shard) -> None:
+    async def _close(self, st: _Shard) -> bool:
         """Close, retrying on failure. The lease is kept (and renewed by the
         loop) until this returns, unless the shard is fenced: then the close
-        gets until the lease's expiry, and is abandoned there (an overrun)."""
+        gets until the lease's expiry, and is abandoned there (an overrun),
+        or earlier after FENCED_CLOSE_ATTEMPTS failures. True if the host
+        closed it; False if it was given up (the lease is then left to
+        expire: never freed before its expiry)."""
         st.state = State.CLOSING
         delay = CLOSE_RETRY_FIRST
         attempt = 0
@@ -560,10 +610,10 @@ class Runner:
             try:
                 await self._close_once(st)
                 self._unclosed.discard(st.shard)
-                return
+                return True
             except _Expired:
                 self._overrun(st)
-                return
+                return False
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -573,7 +623,7 @@ class Runner:
                              st.shard)
                 self._unclosed.add(st.shard)
                 self._abort_at_host(st)
-                return
+                return False
             # Never past the lease's expiry: a fenced close ends there.
             await asyncio.sleep(max(0.0, min(delay, self._expiry(st) - self.clock.monotonic())))
             delay = min(delay * 2, CLOSE_RETRY_MAX)
@@ -581,7 +631,7 @@ class Runner:
                 st.fence()
             if st.reason is Reason.FENCED and self.clock.monotonic() >= self._expiry(st):
                 self._overrun(st)
-                return
+                return False
 
     async def _close_once(self, st: _Shard, until: float | None = None) -> None:
         """One close call, within `close_timeout`, and -- once the shard is
@@ -630,7 +680,9 @@ class Runner:
                                     generation=st.generation, late=late))
         self._abort_at_host(st)
 
-    def _finish(self, st: _Shard, reason: Reason) -> None:
+    def _finish(self, st: _Shard, reason: Reason, *, closed: bool = True) -> None:
+        """Done with the shard: `closed` says whether the host has it closed
+        (see `Ended`)."""
         if st.state is State.CLOSED:
             return
         st.state = State.CLOSED
@@ -640,8 +692,14 @@ class Runner:
             self._moved.discard(st.shard)
         self.telemetry.emit(Closed(cluster=self.cluster, node=self.node, shard=st.shard,
                                    reason=reason.value))
+        if not closed:
+            logger.error("shard %d (generation %d) may still be open at the host (its close "
+                         "did not succeed): its lease is left to expire, never freed before "
+                         "then", st.shard, st.generation)
         if self.on_closed is not None:
-            self.on_closed(st.shard, reason, st.highest if reason is Reason.OUTDATED else None)
+            self.on_closed(Ended(shard=st.shard, reason=reason, closed=closed,
+                                 expiry=self._expiry(st),
+                                 highest=st.highest))
         self._wake.set()
 
 

@@ -89,6 +89,18 @@ class Overrun(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeftToExpire(Event):
+    """This node is done with a shard its host may still have open (the close
+    failed, was abandoned, or was cut short as the node was stopped short):
+    its lease is not freed before it expires, at most `left` seconds from now
+    (the seed's rule: stop the shard, and only then free the lease)."""
+
+    KIND = "left_to_expire"
+    shard: int
+    left: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class EpochEnded(Event):
     """Node-mode renewal: the epoch `epoch` of node `owner` was ended, by this
     node (`owner` != `node`: it takes over the epoch's leases) or by a peer
@@ -205,7 +217,7 @@ def log_events(event: Event) -> None:
     elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
                     | NewerRecord | EpochEnded | ExtendFailed):
         level = logging.WARNING
-    elif isinstance(event, Overrun):
+    elif isinstance(event, Overrun | LeftToExpire):
         level = logging.ERROR
     else:
         level = logging.INFO
@@ -235,6 +247,9 @@ class PrometheusMetrics:
         self.overruns = Counter("shardlease_close_overruns",
                                 "Fenced closes abandoned at the lease's expiry", labels,
                                 registry=reg)
+        self.left_to_expire = Counter("shardlease_left_to_expire",
+                                      "Leases left to expire because their shard's close did "
+                                      "not succeed", labels, registry=reg)
         self.extend_failed = Counter("shardlease_extend_failures",
                                      "Validity extensions the host was not told", labels,
                                      registry=reg)
@@ -274,6 +289,8 @@ class PrometheusMetrics:
                 self.overruns.labels(*lab).inc()
             case ExtendFailed():
                 self.extend_failed.labels(*lab).inc()
+            case LeftToExpire():
+                self.left_to_expire.labels(*lab).inc()
             case CorruptLease():
                 self.corrupt.labels(*lab).inc()
             case NewerRecord():

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from shardlease.epochs import EpochKey, EpochWatch
 from shardlease.errors import CorruptRecord
-from shardlease.observed import Observed
-from shardlease.records import Epoch, Lease, Stored, decode_shards
+from shardlease.observed import MISSING, Observed
+from shardlease.records import MAX_HOLD, Epoch, Lease, Stored, decode_shards
 from shardlease.telemetry import CorruptLease, NewerRecord, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
@@ -73,8 +73,11 @@ class LeaseView:
         #: that keeps each (None: no epoch does).
         self.attributed: dict[int, Lease | None] = {}
         #: When this node's host last refused a claim's generation as
-        #: outdated, per shard (`refused`).
-        self.refused_at: dict[int, float] = {}
+        #: outdated, per shard, and for how long it keeps off (`refused`).
+        self.refused_at: dict[int, tuple[float, float]] = {}
+        #: The longest TTL a record said, of any shard, since this node
+        #: started (`refusal_wait`).
+        self.longest_ttl = 0.0
 
     def known_generations(self, generations: Mapping[int, int]) -> None:
         """Generations known from outside this store (what was published of
@@ -94,7 +97,18 @@ class LeaseView:
         follows keeps the shard from the other nodes as long
         (`keeper.Keeper._reservation`)."""
         self.max_generation[shard] = max(highest, self.max_generation.get(shard, 0))
-        self.refused_at[shard] = now
+        self.refused_at[shard] = (now, self.refusal_wait(shard))
+
+    def refusal_wait(self, shard: int) -> float:
+        """How long a refusal keeps the shard from every node: the longest TTL
+        a node may still hold it by -- its unseen owner's, which may not be
+        this node's (a TTL changed in place: an owner whose writes fail is
+        still valid by the TTL it wrote last, issue 38 family C): the longest
+        of this node's, of the shard's last readable record and of any
+        record this node has seen."""
+        last = self.readable.get(shard)
+        return min(MAX_HOLD, max(self.ttl(), self.longest_ttl,
+                                 last.ttl if last is not None else 0.0))
 
     def observe(self, leases: dict[int, Stored[Lease]], shards: int, now: float,
                 held: Iterable[tuple[int, Lease]]) -> None:
@@ -111,6 +125,14 @@ class LeaseView:
             if stored is None:
                 free.append(shard)
                 self.seen.missing(shard, now)
+                if self.max_generation.get(shard, 0) > 0:
+                    # Known to have existed (deleted): judged like a damaged
+                    # record, by the epochs (`attribute`), since a node-mode
+                    # owner may keep it by its epoch without seeing it gone.
+                    damaged.add(shard)
+                    seen = self.seen.get(shard)
+                    if seen is not None and now - seen.since > ttl:
+                        idle.append(shard)
                 continue
             # (An entry that is the very one of the last listing -- stores keep
             # what did not change -- has nothing new to note.)
@@ -121,6 +143,7 @@ class LeaseView:
                     self.max_generation[shard] = max(rec.generation,
                                                      self.max_generation.get(shard, 0))
                     self.readable[shard] = rec
+                    self.longest_ttl = max(self.longest_ttl, rec.ttl)
                     self.attributed.pop(shard, None)
                 owners[shard] = self._owner_of(shard, rec)
                 if rec.renewal == "node" and rec.owner is not None \
@@ -133,6 +156,14 @@ class LeaseView:
                                           if self.epochs.reserved_for_owner(rec) else None)
                 if rec.owner is None:
                     free.append(shard)
+                    if rec.hold > 0 and rec.reserved_for is None:
+                        # Freed after a refusal as outdated: the owner whose
+                        # record was lost may keep it still, by its epoch:
+                        # judged by the epochs, like a deleted record.
+                        damaged.add(shard)
+                        seen = self.seen.get(shard)
+                        if seen is not None and now - seen.since > ttl:
+                            idle.append(shard)
                     continue
                 if rec.renewal == "node":
                     named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
@@ -191,7 +222,7 @@ class LeaseView:
         """Whether the record lets this node claim the shard: free, expired,
         its epoch over, or ours (cooldowns are placement's; whether this node
         holds it already, the caller's)."""
-        if (refused := self.refused_at.get(shard)) is not None and now - refused <= self.ttl():
+        if (refused := self.refused_at.get(shard)) is not None and now - refused[0] <= refused[1]:
             return False
         if stored is None:
             return self._missing_claimable(shard, now)
@@ -199,13 +230,24 @@ class LeaseView:
             return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
         if rec is not None and rec.owner is None:
-            kept_for = rec.reserved()
-            if kept_for is None or kept_for == self.name:
+            if rec.hold <= 0 or (rec.reserved_for is not None and rec.reserved_for == self.name):
                 return True
-            # Kept for a pod being replaced: once this node has seen this
-            # version unchanged for the hold (its own monotonic clock).
+            # Kept for a pod being replaced, or from every node (after a
+            # refusal as outdated): once this node has seen this version
+            # unchanged for the hold (its own monotonic clock).
             seen = self.seen.get(shard)
-            return seen is not None and now - seen.since >= rec.hold
+            if seen is None or now - seen.since < rec.hold:
+                return False
+            if rec.reserved_for is not None:
+                return True
+            # A refusal's: the owner whose record was lost may keep the shard
+            # by its epoch for longer than any hold (issue 38, families A
+            # and B): as a deleted record, never while an epoch that may keep
+            # it lives, and once the epochs said that none does.
+            kept = self.kept_by_epoch(shard)
+            if kept is not None and not self.epochs.over(kept, now):
+                return False
+            return self.unkept.get(shard) == stored.version
         if rec is not None and rec.owner == self.name and rec.incarnation == self.incarnation:
             return True  # ours, dropped after a fence: nobody else can hold it
         if rec is not None and rec.renewal == "node":
@@ -244,14 +286,18 @@ class LeaseView:
         TTL (`refused`)."""
         if self.max_generation.get(shard, 0) == 0:
             return True
-        last = self.readable.get(shard)
-        if last is not None and last.owner is not None and last.renewal == "node" \
-                and (last.owner, last.incarnation) != (self.name, self.incarnation) \
-                and not self.epochs.over(last, now):
+        # Known to have existed: as a damaged record, never while an epoch
+        # that may keep it lives, and only once the epochs said that none
+        # does (`attribute`): an owner that never knew this node (it learned
+        # the generation from a refusal, or from what was published) keeps it
+        # by its epoch as long as it lives (issue 38, family B).
+        kept = self.kept_by_epoch(shard)
+        if kept is not None and (kept.owner, kept.incarnation) != (self.name, self.incarnation) \
+                and not self.epochs.over(kept, now):
             return False
         seen = self.seen.get(shard)
-        ttl = max(self.ttl(), last.ttl if last is not None else 0.0)
-        return seen is not None and now - seen.since > ttl
+        return seen is not None and now - seen.since > self.refusal_wait(shard) \
+            and self.unkept.get(shard) == MISSING
 
     def reserved_here(self, stored: Stored[Lease] | None) -> bool:
         """Whether the record is kept for this node by name (a free lease
@@ -299,10 +345,12 @@ class LeaseView:
         for shard in shards:
             stored = leases.get(shard)
             seen = self.seen.get(shard)
-            if stored is None or seen is None:
+            if seen is None:
                 continue
+            generation = self.max_generation.get(shard, 0) if stored is None \
+                else stored.generation or 0
             of = [Lease(cluster=self.cluster, shard=shard, owner=e.node,
-                        generation=stored.generation or 0, incarnation=e.epoch,
+                        generation=generation, incarnation=e.epoch,
                         write_id="learned-from-its-epoch", ttl=e.ttl, renewal="node")
                   for e, s in kept if s is None or shard in s]
             live = [lease for lease in of if not self.epochs.over(lease, now)]
@@ -316,10 +364,11 @@ class LeaseView:
                                "left to it until that epoch is over", shard,
                                chosen.incarnation, chosen.owner)
             self.attributed[shard] = chosen
-            last = self.readable.get(shard)
-            if not live and now - max(seen.since, since) > max(
-                    wait, last.ttl if last is not None else 0.0):
-                self.unkept[shard] = stored.version
+            # (The longest TTL seen: the last readable record may be a free
+            # written after a refusal at the refuser's TTL, not its owner's.)
+            if not live and now - max(seen.since, since) > max(wait,
+                                                                self.refusal_wait(shard)):
+                self.unkept[shard] = MISSING if stored is None else stored.version
 
     def kept_by_epoch(self, shard: int) -> Lease | None:
         """Who keeps a shard whose record is damaged now, by its epoch: what

@@ -89,6 +89,10 @@ def test_a_status_is_stale_after_six_intervals_without_a_refresh() -> None:
     ({"highestGenerations": {"x": 3, "-1": 3, "1": "7", "2": 0, "3": -2, "4": True,
                              "5": 2.5, "6": None, "7": 9}}, {7: 9}),
     ({"highestGenerations": ["0", 3]}, {}),
+    # Above 2^53 - 1 (issue 38): would push every claim past what readers
+    # keep exactly; ignored (and reported), the shard's others kept.
+    ({"generations": {"0": 3}, "highestGenerations": {"0": 2**53, "1": 2**53 - 1}},
+     {0: 3, 1: 2**53 - 1}),
     ({"generations": None}, {}),
     ({}, {}),
     (None, {}),

@@ -24,6 +24,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,7 +152,10 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3,
     labels = {"app.kubernetes.io/name": "shardapp"}
     store = f"s3://{minio.bucket}/{ns}?endpoint={minio.endpoint}&path_style=true"
     # Liveness fails while /var/tmp/sick exists; the file is in the container's
-    # own writable layer, so the restarted container is healthy again.
+    # own writable layer, so the restarted container is healthy again. Every
+    # 10 s, not 2: each probe is a Python process exec'd in the container,
+    # and at 2 s a warm run of the suite exec'd 936 of them (43 CPU-seconds,
+    # and runc's and the shim's on top; process accounting at 1579c1f).
     liveness = ["python", "-c", "import os, sys; sys.exit(os.path.exists('/var/tmp/sick'))"]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -178,7 +182,7 @@ def app_statefulset(ns: str, policy: str, minio: Minio, replicas: int = 3,
                     "ports": [{"name": "http", "containerPort": 8080}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                                        "periodSeconds": 2},
-                    "livenessProbe": {"exec": {"command": liveness}, "periodSeconds": 2,
+                    "livenessProbe": {"exec": {"command": liveness}, "periodSeconds": 10,
                                       "failureThreshold": 1, "timeoutSeconds": 5},
                     "securityContext": {"allowPrivilegeEscalation": False,
                                         "capabilities": {"drop": ["ALL"]}},
@@ -357,6 +361,14 @@ class Sampler:
     def figures(self) -> dict[str, float]:
         """Unowned shard-seconds, the longest a shard stayed unowned, and
         moves (a shard seen open on a pod other than its last owner)."""
+        return self._tally()[0]
+
+    def moved_shards(self) -> set[int]:
+        """The shards that moved at least once (`figures`' moves)."""
+        return self._tally()[1]
+
+    def _tally(self) -> tuple[dict[str, float], set[int]]:
+        moved: set[int] = set()
         unowned = 0.0
         gap_start: dict[int, float] = {}
         longest = 0.0
@@ -384,6 +396,7 @@ class Sampler:
                     continue
                 if s in last_owner:
                     moves += 1
+                    moved.add(s)
                 last_owner[s] = min(owners)
         if self.samples:  # gaps still open when sampling stopped
             end = self.samples[-1][0]
@@ -392,7 +405,18 @@ class Sampler:
             return round(sorted(xs)[len(xs) // 2], 2) if xs else 0.0
         return {"unowned_shard_s": round(unowned, 2), "longest_gap_s": round(longest, 2),
                 "moves": moves, "gaps": len(gaps), "median_gap_s": median(gaps),
-                "median_poll_s": median(self.polls)}
+                "median_poll_s": median(self.polls)}, moved
+
+
+def fenced_in(message: str) -> set[int]:
+    """The shards an agent's SelfFenced or Lost event names ("... closed
+    shard(s) 0,2-4 at their deadline", "... lost shard(s) 7")."""
+    found = re.search(r"shard\(s\) ([\d,-]+)", message)
+    out: set[int] = set()
+    for part in (found.group(1).split(",") if found else []):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
 
 
 def report(step: str, t0: float, sampler: Sampler) -> None:
@@ -578,7 +602,19 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
                             if e["reason"] == "Reconfigured"
                             and "handoff move -> hold" in e.get("message", "")]) >= 3 or None,
                "every agent to apply handoff: hold", 60)
+    # The owners read again now, not those of the first rollout's end: what
+    # the hold keeps is where the shards are as the held rollout begins.
+    # (CI's runs at 29394cb and bbae792 failed below with 2 and 6 shards
+    # on other pods than the earlier read said, the stops unseen: cut from
+    # the output.)
+    earlier = dict(status["owners"])
+    status = eventually(lambda: app.balanced(3), "Balanced before the held rollout", 60)
     owners_before = dict(status["owners"])
+    if owners_before != earlier:
+        print(f"[pods] {policy}: shards moved between the rollouts: " + ", ".join(
+            f"{s} {earlier.get(s)} -> {o}" for s, o in sorted(owners_before.items())
+            if earlier.get(s) != o))
+    seen_before = {e["metadata"]["name"] for e in cluster.get("events", "-n", ns)["items"]}
     t0 = time.monotonic()
     with Sampler(app) as sampler:
         cluster.kubectl("rollout", "restart", "statefulset/shardapp", "-n", ns)
@@ -588,14 +624,37 @@ def scenario(cluster: Cluster, app: App, ns: str, policy: str, minio: Minio,
     report(f"{policy}: rollout restart, handoff hold", t0, sampler)
     # Each agent says at its stop whether it held and why (HandoffHold, or
     # HandoffMove with the reason): what a moved shard needs explained.
-    told = [f"{e['reason']}: {e.get('message', '')}" for e in sorted(
-        cluster.get("events", "-n", ns)["items"],
-        key=lambda e: e["metadata"].get("creationTimestamp") or "")
-        if e["reason"] in ("HandoffHold", "HandoffMove", "SelfFenced", "Lost", "RenewFailed")]
+    new_events = [e for e in sorted(cluster.get("events", "-n", ns)["items"],
+                                    key=lambda e: e["metadata"].get("creationTimestamp") or "")
+                  if e["metadata"]["name"] not in seen_before]
+    told = [f"{e['reason']}: {e.get('message', '')}" for e in new_events
+            if e["reason"] in ("HandoffHold", "HandoffMove", "SelfFenced", "Lost", "RenewFailed",
+                               "LeftToExpire")]
     print(f"[pods] {policy}: the held rollout's stops: " + "; ".join(told))
-    assert status["owners"] == owners_before, (owners_before, status["owners"], told)
-    assert sampler.figures()["moves"] == 0, (sampler.figures(), told)
-    assert app.last_rollout()["moves"] == 0
+    # A hold keeps a stopping pod's shards for its name; a shard its owner
+    # fenced (or lost) during the rollout is free for anyone, hold or not: a
+    # store slowed by a loaded machine (a warm fresh-clone run at 77ba15f:
+    # "renewal of shard 0: no answer within 2.69s", four shards fenced, and
+    # one moved and back four times). Every moved shard must be one of those.
+    fenced = set().union(*(fenced_in(e.get("message", "")) for e in new_events
+                           if e["reason"] in ("SelfFenced", "Lost")))
+    moved = {s: f"{o} -> {status['owners'].get(s)}" for s, o in sorted(owners_before.items())
+             if status["owners"].get(s) != o}
+    unexplained = (set(moved) | sampler.moved_shards()) - fenced
+    # (Raised, not a bare assert: pytest's diff of two maps would push the
+    # stops out of the few lines of output CI keeps.)
+    if unexplained:
+        raise AssertionError(
+            f"the held rollout moved shards {sorted(unexplained)} that were not fenced "
+            f"(owners changed: {moved}; the sampler saw {sampler.figures()['moves']} moves of "
+            f"{sorted(sampler.moved_shards())}); the stops said: {told}")
+    counted = app.last_rollout()["moves"]
+    if fenced:
+        print(f"[pods] {policy}: the held rollout: shard(s) {sorted(fenced)} fenced or lost "
+              f"under load; moved: {moved}, sampled moves of {sorted(sampler.moved_shards())}; "
+              f"the operator counted {counted} moves")
+    else:
+        assert counted == 0, counted
     assert {k: app.read(k) for k in keys} == keys
 
     # -- scale 3 -> 5 -> 2 ----------------------------------------------------------------

@@ -27,6 +27,12 @@ pytestmark = pytest.mark.slow
 NAMES = ["n0", "n1", "n2", "n3"]
 SHARDS = 16
 TTL = 2.0
+#: On MinIO, 3 s: a call's budget is then 0.95 s, not 0.63. Three of four
+#: warm runs of the suite on 2 cores (2026-12-07, 29394cb to e567ace, the
+#: machine busy for 23-27 minutes) failed an s3-shard test here: MinIO calls
+#: over 0.63 s for lack of CPU, and the nodes fenced, as they must; no
+#: file-store test did.
+S3_TTL = 3.0
 
 
 # The fixtures s3_server (MinIO over HTTP on loopback, session-wide: conftest.py).
@@ -38,7 +44,8 @@ def cluster(request: pytest.FixtureRequest, make_cluster: MakeCluster,
             tmp_path: Path) -> LocalCluster:
     """The nodes' store, the embedded file store or S3 (MinIO) over HTTP, and
     how they keep their leases (per-shard or node-epoch renewal)."""
-    return cluster_on(request.param, request, make_cluster, tmp_path, shards=SHARDS, ttl=TTL)
+    return cluster_on(request.param, request, make_cluster, tmp_path, shards=SHARDS,
+                      ttl=S3_TTL if request.param.startswith("s3") else TTL)
 
 
 def wait_events(cluster: LocalCluster, what: str,
@@ -73,6 +80,18 @@ def open_on(events: list[dict[str, Any]], node: str) -> dict[int, int]:
             if e["event"] in ("open_start", "open_end", "opened")}
 
 
+def busiest(cluster: LocalCluster) -> str:
+    """The node with the most shards open now, by the hosts' own recording:
+    the one to kill or pause. Not a name chosen before: on a loaded machine
+    a node may have fenced all it had by then (a warm fresh-clone run at
+    a18d2a1: n1, its MinIO listings and renewals unanswered within 0.95 s,
+    fenced its four shards just before it was killed, and the test found
+    nothing of it to reopen)."""
+    events = wait_events(cluster, "a node with shards open",
+                         lambda ev: any(open_on(ev, n) for n in NAMES))
+    return max(NAMES, key=lambda n: len(open_on(events, n)))
+
+
 def start_balanced(cluster: LocalCluster, names: list[str]) -> list[dict[str, Any]]:
     for name in names:
         cluster.start(name)
@@ -88,7 +107,12 @@ def stop_and_check(cluster: LocalCluster) -> None:
     recording must pass the checker."""
     codes = cluster.stop_all()
     assert set(codes.values()) <= {0}, codes
-    assert all(s["owner"] is None for s in cluster.owners())
+    owned = [s for s in cluster.owners() if s["owner"] is not None]
+    # What the owners' stops said of their epoch and frees, if one is left.
+    said = {name: [line for line in cluster.log_tail(name, 400).splitlines()
+                   if "epoch" in line or "free" in line or "stray" in line][-8:]
+            for name in {s["owner"] for s in owned} if name in cluster.nodes}
+    assert not owned, f"still owned after every node stopped: {owned}\n{said}"
     report = cluster.check()
     assert report.ok, "\n".join(report.violations[:20])
     assert report.shards == SHARDS
@@ -96,7 +120,7 @@ def stop_and_check(cluster: LocalCluster) -> None:
 
 def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
         cluster: LocalCluster) -> None:
-    before = start_balanced(cluster, NAMES)
+    start_balanced(cluster, NAMES)
     # `shardlease owners` as a person reads it: owner, generation, since when.
     # (Polled: a round may still move a shard just after the balance, and
     # the table then shows it unowned for a moment.)
@@ -111,9 +135,7 @@ def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
         time.sleep(0.5)
     assert {r[1] for r in rows} == set(NAMES)  # every owner has a heartbeat: no "*"
     assert all(r[3].endswith("s") for r in rows), table.stdout  # claimed seconds ago
-    victim = "n1"
-    assert held_by(before, victim)
-
+    victim = busiest(cluster)
     killed_at = time.time()
     cluster.kill(victim)
     lost = open_on(cluster.events(), victim)
@@ -130,10 +152,8 @@ def test_nodes_share_fairly_and_a_killed_nodes_shards_reopen_elsewhere(
 
 
 def test_a_node_paused_beyond_the_ttl_is_fenced_and_rejoins(cluster: LocalCluster) -> None:
-    before = start_balanced(cluster, NAMES)
-    victim = "n2"
-    assert held_by(before, victim)
-
+    start_balanced(cluster, NAMES)
+    victim = busiest(cluster)
     paused_at = time.time()
     cluster.signal(victim, signal.SIGSTOP)
     held = open_on(cluster.events(), victim)

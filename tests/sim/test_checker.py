@@ -65,6 +65,34 @@ def test_generations_going_back_are_caught() -> None:
     assert check_generations(trace)[0].startswith("(b) shard 0")
 
 
+def test_a_refused_ask_after_a_lost_generation_is_no_violation_even_past_a_slow_open() -> None:
+    # a's open of 1 was asked before the record was deleted (at 1.0) and
+    # ended after it: the record still showed 1 when it was asked. b, who
+    # never saw it, asks 1 again: the application refuses it, which is the
+    # design (explorer seed 1302957853 took it for a generation going back).
+    slow = [ev(0.0, "a", "deadline", 0, 1, 5.0, "claim"), ev(0.0, "a", "open_call", 0, 1),
+            ev(1.0, "*", "corrupted", 0, -1, detail="deleted"), ev(2.0, "a", "open_ok", 0, 1),
+            ev(30.0, "b", "open_call", 0, 1), ev(30.0, "b", "open_err", 0, 1, 1.0, "outdated")]
+    assert check_generations(slow) == []
+    # Opened by the application, it is one.
+    opened = [*slow[:5], ev(30.0, "b", "open_ok", 0, 1)]
+    assert check_generations(opened)[0].startswith("(b) shard 0")
+    # An open asked after the loss ends it: the next ask must be above.
+    after = [*owned("a", 0, 1, 0.0, 5.0), ev(1.0, "*", "corrupted", 0, -1, detail="deleted"),
+             *owned("c", 0, 2, 3.0, 9.0), ev(30.0, "b", "open_call", 0, 1),
+             ev(30.0, "b", "open_err", 0, 1, 2.0, "outdated")]
+    assert check_generations(after)[0].startswith("(b) shard 0")
+    # An ask of 2 that never reached the application (cancelled on its way:
+    # a slow open fenced) is not what a later ask of 2 must be above, once
+    # the record is gone (explorer seed 2856617557); one it opened is.
+    cancelled = [*owned("a", 0, 1, 0.0, 5.0), ev(6.0, "b", "open_call", 0, 2),
+                 ev(7.0, "*", "corrupted", 0, -1, detail="deleted"),
+                 ev(9.0, "b", "open_cancel", 0, 2), *owned("c", 0, 2, 30.0, 40.0)]
+    assert check_generations(cancelled) == []
+    reached = [*cancelled[:4], ev(8.0, "b", "open_ok", 0, 2), *owned("c", 0, 2, 30.0, 40.0)]
+    assert check_generations(reached)[0].startswith("(b) shard 0")
+
+
 def test_an_open_completing_after_its_deadline_is_caught() -> None:
     trace = [ev(0.0, "a", "deadline", 0, 1, 5.0), ev(0.0, "a", "open_call", 0, 1),
              ev(6.0, "a", "open_ok", 0, 1)]
@@ -88,6 +116,8 @@ def test_host_order_violations_are_caught() -> None:
     assert check_host_order(abandoned) != []
     fenced = [*abandoned[:2], ev(3, "a", "abandoned", 0, 1, detail="fenced")]
     assert check_host_order(fenced) == []
+    aborted = [*abandoned[:2], ev(3, "a", "abandoned", 0, 1, detail="aborted")]
+    assert check_host_order(aborted) == []
 
 
 def test_intervals_end_at_the_successful_close_or_the_crash() -> None:
@@ -158,6 +188,26 @@ def test_an_unreported_fence_and_a_free_before_the_close_are_caught() -> None:
     early = [*owned("a", 0, 1, 0.0, 50.0), ev(4.0, "a", "release", 0),
              ev(5.0, "a", "close_call", 0), ev(5.0, "a", "close_ok", 0)]
     assert check_release_and_fence(early)[0].startswith("(j)")
+
+
+def test_a_lease_freed_beside_a_host_that_may_still_have_the_shard_open_is_caught() -> None:
+    from shardlease.sim.check import check_release_and_fence
+
+    # The host still has shard 0 open (its close failed: abandoned after a
+    # fence, or cut short by an abort), and the lease expires at 7.5 in the
+    # node's eyes: a free before then lets a peer open it beside that host.
+    for why in ("fenced", "aborted"):
+        gave_up = [*owned("a", 0, 1, 0.0, 5.0),
+                   ev(5.5, "a", "abandoned", 0, 1, value=7.5, detail=why)]
+        early = [*gave_up, ev(6.0, "a", "release", 0)]
+        assert check_release_and_fence(early)[0].startswith("(j)"), why
+        assert "before its expiry at 7.500" in check_release_and_fence(early)[0]
+        assert check_release_and_fence([*gave_up, ev(7.5, "a", "release", 0)]) == []
+    # An abort frees what it never closed: caught before the abandonment is.
+    unclosed = [*owned("a", 0, 1, 0.0, 50.0), ev(3.0, "a", "abort", detail="loop"),
+                ev(3.1, "a", "release", 0),
+                ev(3.2, "a", "abandoned", 0, 1, value=52.5, detail="aborted")]
+    assert check_release_and_fence(unclosed)[0].startswith("(j)")
 
 
 def test_a_fence_without_a_warning_since_the_last_deadline_is_caught() -> None:

@@ -70,6 +70,7 @@ from shardlease.stores import open_store
 from shardlease.telemetry import (
     Claim,
     Event,
+    LeftToExpire,
     Lost,
     NewerRecord,
     PrometheusMetrics,
@@ -571,7 +572,8 @@ class Agent:
     # -- Kubernetes Events -------------------------------------------------------
 
     def _collect_event(self, event: Event) -> None:
-        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed | NewerRecord):
+        if isinstance(event, Claim | Release | Lost | SelfFence | RenewFailed | NewerRecord
+                      | LeftToExpire):
             self._pending_events.append(event)
         elif isinstance(event, Round) and self._pending_events:
             pending, self._pending_events = self._pending_events, []
@@ -585,6 +587,7 @@ class Agent:
         fenced = sorted(s for e in events if isinstance(e, SelfFence) for s in e.shards)
         failed = [e for e in events if isinstance(e, RenewFailed)]
         newer = sorted({e.shard for e in events if isinstance(e, NewerRecord)})
+        unclosed = sorted({e.shard for e in events if isinstance(e, LeftToExpire)})
         me = self.pod_name
         if claims:
             await self._post("Normal", "Claimed", f"{me} claimed shard(s) {_ranges(claims)}")
@@ -597,6 +600,11 @@ class Agent:
                              f"{me} closed shard(s) {_ranges(fenced)} at their deadline")
         if failed:
             await self._post("Warning", "RenewFailed", f"{me}: {failed[-1].error}")
+        if unclosed:
+            await self._post("Warning", "LeftToExpire",
+                             f"{me} could not close shard(s) {_ranges(unclosed)}: their "
+                             "leases are left to expire, not freed, since the application "
+                             "may still have them open")
         if newer:
             await self._post("Warning", "NewerFormat",
                              f"{me} leaves shard(s) {_ranges(newer)} alone: their lease records "

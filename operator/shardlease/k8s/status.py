@@ -13,12 +13,15 @@ words of agents that have all stopped.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardlease.view import Owner
+
+logger = logging.getLogger("shardlease.status")
 
 PUBLISHED = ("Balanced", "Degraded")
 REFRESH_INTERVALS = 2
@@ -33,11 +36,19 @@ def iso(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The highest generation a status may publish: 2^53 - 1, the largest integer
+#: every JSON reader keeps exactly (and far below int64, where applications
+#: keep the token). One above it, written by anyone who may write the status,
+#: would push every claim past what the application can compare.
+MAX_PUBLISHED = 2**53 - 1
+
+
 def published_generations(status: Mapping[str, Any] | None) -> dict[int, int]:
     """The highest generation a status tells per shard (`highestGenerations`,
     and the owners' `generations`), entries that are not a shard number and a
     positive integer left out (a status anyone with the right may have
-    written is input like any other)."""
+    written is input like any other), and reported and left out above
+    MAX_PUBLISHED."""
     out: dict[int, int] = {}
     for field in ("generations", "highestGenerations"):
         table = (status or {}).get(field)
@@ -49,6 +60,10 @@ def published_generations(status: Mapping[str, Any] | None) -> dict[int, int]:
             except (TypeError, ValueError):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or shard < 0:
+                continue
+            if value > MAX_PUBLISHED:
+                logger.warning("the status's %s says generation %d for shard %d, above "
+                               "2^53 - 1: ignored", field, value, shard)
                 continue
             out[shard] = max(value, out.get(shard, 0))
     return out

@@ -77,6 +77,7 @@ from shardlease.sim.check import Recovery
 from shardlease.sim.faults import (
     LEASE_WRITES,
     STORE_CALLS,
+    Abort,
     Corrupt,
     Crash,
     Fault,
@@ -96,6 +97,7 @@ from shardlease.sim.world import TraceEvent
 __all__ = [
     "LEASE_WRITES",
     "STORE_CALLS",
+    "Abort",
     "BalanceFigure",
     "Corrupt",
     "Crash",

@@ -13,7 +13,8 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  record lost its generation (garbage, deleted) since its last
                  open, an ask the application does not accept (it refuses it
                  as outdated): only the application knows the generation
-                 then, and the next ask must be above the last one opened;
+                 then, and the next ask must be above the last one opened
+                 (by a host: an ask that never reached one does not count);
 (c) quiescence:  every shard is open on exactly one live node, whose lease
                  (owner, incarnation, generation) it is, the loop holds what
                  its host has open, no live node has more than ceil(S/N), and
@@ -30,7 +31,9 @@ are the runner's, recorded at every claim and every renewal that moved them.
                  and never a second open before a close;
 (i) fences are reported: a shard closed for a fence had a SelfFence event;
 (j) close before free: a node frees a lease only once its host has closed
-                 the shard (or gave up closing it after a fence);
+                 the shard; one its host may still have open (a close
+                 given up after a fence, or cut short by an abort) only
+                 once the lease expired in its eyes (deadline + margin);
 (k) fences are announced: a self_fence of a shard comes after a renew_slow
                  of it, since the last claim or renewal that set its deadline;
 (l) fencing ends in time: the runner is done with a fenced shard (closed,
@@ -191,21 +194,31 @@ def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
     """(b)"""
     last: dict[int, tuple[int, str, float]] = {}
     problems = []
-    #: Shards whose record lost its generation since their last open.
-    lost: set[int] = set()
+    #: Shards whose record lost its generation since their last open (asked
+    #: after the loss: an open asked before it and done after it was asked
+    #: with a generation the record still showed), and when it was lost.
+    lost: dict[int, int] = {}
+    #: (node, shard) -> the trace index of its open in progress.
+    calls: dict[tuple[str, int], int] = {}
     #: (node, shard) -> the problem an ask after such a loss is, if it opens.
     asked: dict[tuple[str, int], str] = {}
-    for ev in trace:
+    #: Per shard, the highest generation a host opened (not just was asked).
+    opened: dict[int, int] = {}
+    for i, ev in enumerate(trace):
         match ev.kind:
             case "corrupted" if ev.generation < 0:
-                lost.add(ev.shard)
+                lost[ev.shard] = i
             case "open_ok":
-                lost.discard(ev.shard)
+                opened[ev.shard] = max(ev.generation, opened.get(ev.shard, -1))
+                if calls.pop((ev.node, ev.shard), -1) > lost.get(ev.shard, len(trace)):
+                    del lost[ev.shard]
                 if (problem := asked.pop((ev.node, ev.shard), None)) is not None:
                     problems.append(problem)
             case "open_err" | "open_cancel":
+                calls.pop((ev.node, ev.shard), None)
                 asked.pop((ev.node, ev.shard), None)
             case "open_call":
+                calls[(ev.node, ev.shard)] = i
                 prev = last.get(ev.shard)
                 if prev is None or ev.generation > prev[0]:
                     last[ev.shard] = (ev.generation, ev.node, ev.t)
@@ -214,7 +227,14 @@ def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
                            f"{ev.generation} at {ev.t:.3f} after {prev[1]} opened generation "
                            f"{prev[0]} at {prev[2]:.3f}")
                 if ev.shard in lost:
-                    asked[(ev.node, ev.shard)] = problem
+                    # Only the application knows the generation now: what it
+                    # opened, not what it was asked (an ask cancelled on its
+                    # way, a slow open fenced, never reached it). An ask at or
+                    # below that must be refused; above it, it is the next.
+                    if ev.generation <= opened.get(ev.shard, -1):
+                        asked[(ev.node, ev.shard)] = problem
+                    else:
+                        last[ev.shard] = (ev.generation, ev.node, ev.t)
                 else:
                     problems.append(problem)
     return problems
@@ -265,7 +285,7 @@ def check_host_order(trace: Sequence[TraceEvent]) -> list[str]:
             case "open_ok" | "open_err" | "open_cancel" | "close_ok" | "close_err" \
                     | "close_cancel":
                 in_flight.pop(key, None)
-            case "abandoned" if ev.detail != "fenced":
+            case "abandoned" if ev.detail not in ("fenced", "aborted"):
                 problems.append(f"(h) {ev.node} shard {ev.shard}: the runner finished "
                                 f"({ev.detail}) at {ev.t:.3f} while the host still has it open")
             case _:
@@ -276,9 +296,13 @@ def check_host_order(trace: Sequence[TraceEvent]) -> list[str]:
 def check_release_and_fence(trace: Sequence[TraceEvent]) -> list[str]:
     """(i) a shard closed for a fence was reported in a SelfFence event;
     (j) a lease is freed (release) only while the node's host has the shard
-    closed -- or open but abandoned after a fence."""
+    closed -- or open but abandoned (a fenced close that kept failing, a
+    close an abort cut short), once its lease has expired in the node's eyes
+    (the abandonment's `value`): before that a peer would open it beside a
+    host that may still act on it."""
     reported: set[tuple[str, int]] = set()
-    open_at_host: dict[tuple[str, int], bool] = {}  # -> abandoned
+    #: -> None while open, or when its lease expires once abandoned.
+    open_at_host: dict[tuple[str, int], float | None] = {}
     problems = []
     for ev in trace:
         key = (ev.node, ev.shard)
@@ -291,18 +315,25 @@ def check_release_and_fence(trace: Sequence[TraceEvent]) -> list[str]:
                 problems.append(f"(i) {ev.node} shard {ev.shard}: closed for a fence at "
                                 f"{ev.t:.3f} with no self_fence event")
             case "open_ok":
-                open_at_host[key] = False
+                open_at_host[key] = None
             case "close_ok":
                 open_at_host.pop(key, None)
             case "abandoned":
                 if key in open_at_host:
-                    open_at_host[key] = True
+                    open_at_host[key] = ev.value
             case "crash":
                 for k in [k for k in open_at_host if k[0] == ev.node]:
                     del open_at_host[k]
-            case "release" if open_at_host.get(key) is False:
-                problems.append(f"(j) {ev.node} shard {ev.shard}: lease freed at {ev.t:.3f} "
-                                f"while its host still has the shard open")
+            case "release" if key in open_at_host:
+                expiry = open_at_host[key]
+                if expiry is None:
+                    problems.append(f"(j) {ev.node} shard {ev.shard}: lease freed at "
+                                    f"{ev.t:.3f} while its host still has the shard open")
+                elif ev.t < expiry - EPSILON:
+                    problems.append(f"(j) {ev.node} shard {ev.shard}: lease freed at "
+                                    f"{ev.t:.3f}, before its expiry at {expiry:.3f}, while "
+                                    f"its host may still have the shard open (its close "
+                                    f"failed or was cut short)")
             case _:
                 pass
     return problems
@@ -481,7 +512,7 @@ def working_spans(trace: Sequence[TraceEvent], faults: Sequence[Fault],
         match ev.kind:
             case "start":
                 starts.setdefault(ev.node, ev.t)
-            case "crash" | "leave" | "died" | "left":
+            case "crash" | "leave" | "died" | "left" | "abort":
                 ends.setdefault(ev.node, ev.t)
             case "pause":
                 cuts[ev.node].append((ev.t, ev.value))
@@ -657,7 +688,7 @@ def check_counted(trace: Sequence[TraceEvent], faults: Sequence[Fault], until: f
     mixed += [(ev.t, math.inf) for ev in trace if ev.kind == "reconfigure_refused"]
     ends: dict[str, float] = {}  # (the first: a leave, then its left)
     for ev in trace:
-        if ev.kind in ("crash", "leave", "died", "left"):
+        if ev.kind in ("crash", "leave", "died", "left", "abort"):
             ends.setdefault(ev.node, ev.t)
     problems: list[str] = []
     for ev in trace:

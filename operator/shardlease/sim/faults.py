@@ -16,6 +16,32 @@ class Crash:
 
 
 @dataclass(frozen=True)
+class Abort:
+    """The node is stopped short at `at`, its store and host still there (what
+    it does on its way out reaches them, unlike a crash). `what` ends:
+    "loop", the placement loop cancelled (a second SIGTERM during a graceful
+    stop: `shardlease node` cancels it then); "runner", the runner's task
+    (it died); "task", one of the loop's own tasks (the renewals: a bug).
+    The process then exits: what its host still has open is recorded
+    abandoned, bounded by the deadline it was last given (the application's
+    validity), and its lease must not be freed before it expires."""
+
+    at: float
+    node: str
+    what: str = "loop"
+
+    def __post_init__(self) -> None:
+        if self.what not in ABORTS:
+            raise ValueError(f"unknown abort {self.what!r}; use one of {ABORTS}")
+
+
+#: What an `Abort` ends, and the task of the node's loop it cancels (None:
+#: the loop itself).
+ABORTS = ("loop", "runner", "task")
+ABORT_TASKS = {"loop": None, "runner": "shardlease-runner", "task": "shardlease-renewals"}
+
+
+@dataclass(frozen=True)
 class Pause:
     """Every store and host call of the node that starts, or whose answer
     arrives, during [at, at + duration) waits until the pause ends: SIGSTOP as
@@ -163,7 +189,7 @@ class Hints:
     delay: float = 0.0
 
 
-Fault = Crash | Pause | StoreFault | HostFault | Join | Leave | Reconfigure | Corrupt
+Fault = Crash | Abort | Pause | StoreFault | HostFault | Join | Leave | Reconfigure | Corrupt
 
 
 def fault_end(fault: Fault) -> float:

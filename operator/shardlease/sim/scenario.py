@@ -30,6 +30,7 @@ from shardlease.sim.check import (
     recoveries,
 )
 from shardlease.sim.faults import (
+    Abort,
     Corrupt,
     Crash,
     Fault,
@@ -241,6 +242,9 @@ async def _scenario(
             case Crash(node=name):
                 if (n := world.node(name)) is not None:
                     await world.crash(n)
+            case Abort(node=name, what=what):
+                if (n := world.node(name)) is not None:
+                    world.abort(n, what)
             case Pause(node=name, duration=d):
                 if (n := world.node(name)) is not None and n.status in ("running", "leaving"):
                     world.pause(n, d)
@@ -320,7 +324,7 @@ async def _scenario(
             world.violations.append(f"{loop.time() - t0:.3f}: graceful stops did not finish "
                                     f"within {stop_bound:g}s")
     for n in world.nodes:
-        if n.status in ("running", "leaving", "died"):
+        if n.status in ("running", "leaving", "died", "aborting"):
             await world.crash(n)  # clean up whatever is left, without a trace of politeness
     end = loop.time() - t0
 

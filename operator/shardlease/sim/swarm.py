@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 from shardlease.records import Renewal
 from shardlease.sim.faults import (
+    ABORTS,
     LEASE_WRITES,
+    Abort,
     Corrupt,
     Crash,
     Fault,
@@ -59,6 +61,20 @@ KINDS: tuple[str, ...] = (
     "corrupt",  # a lease record made unreadable, its generation still in it
     "garbage",  # a lease record overwritten with bytes that hold nothing of it
     "deleted",  # a lease record deleted (by hand, a tool, a store changed under the cluster)
+    # A node stopped short (a second SIGTERM, its runner or a task of its loop
+    # dying), often while its application fails or stalls closes, sometimes
+    # during a graceful stop, sometimes started again under its name.
+    "abort",
+    # A lease record deleted under its live owner, claimed by a node that never
+    # saw it (often one just started) whose application refuses the claim as
+    # outdated, and with it what may cut the refusal's wait short: a stop or
+    # a release during a slow open, a handoff's hold shorter than a TTL, a
+    # restart under the same name, a TTL cut in place while lease writes fail.
+    "refusal",
+    # A graceful stop while the node's store answers slower than a round's
+    # call budget but well within a TTL (a loaded MinIO): the stop's writes
+    # must still land (they get a TTL).
+    "slow_stop",
 )
 
 #: The corruptions that leave the generation readable (`faults.Corrupt`);
@@ -214,7 +230,9 @@ class _Drawer:
             "reconfigure_ttl": self.reconfigure_ttl,
             "reconfigure_interval": self.reconfigure_interval,
             "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
-            "garbage": self.garbage, "deleted": self.deleted,
+            "garbage": self.garbage, "deleted": self.deleted, "abort": self.abort,
+            "refusal": self.refusal,
+            "slow_stop": self.slow_stop,
         }
 
     def draw(self, kind: str) -> list[Fault]:
@@ -330,6 +348,85 @@ class _Drawer:
 
     def deleted(self) -> list[Fault]:
         return [Corrupt(self.at(), self.rng.randrange(self.shards), "deleted")]
+
+    def abort(self) -> list[Fault]:
+        """A node stopped short while its application refuses or stalls its
+        closes (mostly): what its way out frees must wait for the closes."""
+        at, rng, t, node = self.at(), self.rng, self.ttl, self.node()
+        faults: list[Fault] = []
+        if rng.random() < 0.7:
+            start = round(max(0.0, at - t * rng.choice((0.0, 0.1, 0.5))), 1)
+            failing = rng.random() < 0.6
+            faults.append(HostFault(start, round(at + t * rng.choice((0.5, 1.0, 3.0)), 1),
+                                    node=node,
+                                    close_latency=0.0 if failing else round(
+                                        t * rng.choice((0.3, 1.0, 2.0)), 2),
+                                    close_error_rate=1.0 if failing else 0.0))
+        abort = Abort(at, node, rng.choice((*ABORTS, "loop")))
+        if abort.what == "loop" and rng.random() < 0.5:
+            # The second signal of a graceful stop.
+            faults.append(Leave(round(max(0.0, at - t * rng.choice((0.05, 0.2, 0.5))), 1),
+                                node))
+        faults.append(abort)
+        if rng.random() < 0.5:
+            faults.append(Join(round(at + t * rng.choice((0.1, 0.5, 1.5)), 1), node))
+        return faults
+
+    def slow_stop(self) -> list[Fault]:
+        at, rng, node = self.at(), self.rng, self.node()
+        # calls.CALL_BUDGET is 0.95 of the interval.
+        latency = round(self.interval * rng.choice((1.0, 1.1, 1.2)), 2)
+        return [StoreFault(round(at - self.interval * rng.choice((0.0, 0.5)), 1),
+                           round(at + self.ttl, 1), node=node, latency=latency),
+                Leave(at, node)]
+
+    def refusal(self) -> list[Fault]:
+        at, rng, t, interval = self.at(), self.rng, self.ttl, self.interval
+        faults: list[Fault] = [Corrupt(at, rng.randrange(self.shards), "deleted")]
+        if rng.random() < 0.6:  # a node that never saw the record
+            faults.append(Join(round(at + interval * rng.choice((0.0, 0.3, 1.0)), 1),
+                               rng.choice(JOINERS)))
+        how = rng.choice(("stop", "release", "handoff", "restart", "ttl_cut"))
+        # Each node (a claimer, or not) at random.
+        nodes = [n for n in self.names if rng.random() < 0.5] or [self.node()]
+        def later() -> float:
+            return round(at + interval * rng.choice((0.5, 1.0, 1.5, 2.5, 4.0)), 1)
+        if how in ("stop", "release"):
+            # Opens slow enough that a stop or a release comes during one.
+            faults.append(HostFault(at, round(at + 6 * interval, 1), node=None,
+                                    open_latency=round(interval * rng.choice((0.5, 1.0, 2.0)),
+                                                       2)))
+            if how == "stop":
+                faults += [Leave(later(), n) for n in nodes]
+            else:  # a node joins: the others release down to the new share
+                faults.append(Join(later(), rng.choice(JOINERS)))
+        elif how == "handoff":
+            for n in nodes:
+                leave = later()
+                hold = round(t * rng.choice((0.1, 0.3, 0.6)), 1)
+                faults += [Leave(leave, n, hold=hold),
+                           Join(round(leave + hold * rng.choice((0.2, 0.5, 1.2)), 1), n)]
+        elif how == "restart":
+            for n in nodes:
+                leave = later()
+                faults += [Leave(leave, n),
+                           Join(round(leave + interval * rng.choice((0.1, 0.5, 2.0)), 1), n)]
+        else:  # the TTL cut in place, the owners' lease writes failing
+            cut = rng.choice([x for x in NEW_TTLS if x < t] or [t])
+            faults = [Reconfigure(round(max(0.0, at - interval), 1), None,
+                                  (("lease_ttl", cut), ("interval", None), ("margin", None))),
+                      StoreFault(at, round(at + 2 * t, 1), node=self.node_or_all(),
+                                 error_rate=1.0, calls=LEASE_WRITES), *faults]
+        if how != "ttl_cut" and rng.random() < 0.5:
+            # A node blind to its record (the owner, perhaps: it keeps the
+            # shard by its epoch, or until its deadline): its listings stale
+            # and its calls about leases failing.
+            blind = rng.choice([n for n in self.names if n not in nodes] or self.names)
+            until = round(at + 2 * t, 1)
+            faults += [StoreFault(at, until, node=blind, stale=True),
+                       StoreFault(at, until, node=blind, error_rate=1.0,
+                                  calls=frozenset({"get_lease", *LEASE_WRITES}))]
+        return faults
 
     def reconfigure_ttl(self) -> list[Fault]:
         if self.rng.random() < 0.3:

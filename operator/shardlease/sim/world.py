@@ -55,7 +55,7 @@ from shardlease.records import (
     stored_epoch,
     stored_lease,
 )
-from shardlease.sim.faults import Hints, HostFault, StoreFault
+from shardlease.sim.faults import ABORT_TASKS, Hints, HostFault, StoreFault
 from shardlease.sim.vloop import SimulationStuck, VirtualTimeLoop
 from shardlease.stores.base import LeaseStore, Listed
 from shardlease.stores.memory import MemoryBackend, MemoryStore
@@ -132,13 +132,17 @@ class SimNode:
         self.name = name
         self.label = name if incarnation == 0 else f"{name}#{incarnation}"
         self.wall_skew = wall_skew
-        self.status = "running"  # running, leaving, left, crashed, died
+        # running, leaving, left, crashed, died; aborting, aborted (`World.abort`)
+        self.status = "running"
         self.paused_until = -math.inf
         self.blackholed = False
         # Insertion-ordered (a dict, not a set of tasks hashed by address), so
         # that a crash cancels them in the same order in every run.
         self.tasks: dict[asyncio.Task[Any], None] = {}
         self.had_pause = False
+        #: Per shard, when its lease expires in the runner's eyes: the deadline
+        #: it was given last + the margin it was given with (inf: unbounded).
+        self.expiry: dict[int, float] = {}
         self.store_rng = random.Random(f"{world.seed}/{self.label}/store")
         self.host_rng = random.Random(f"{world.seed}/{self.label}/host")
         self.hint_rng = random.Random(f"{world.seed}/{self.label}/hints")
@@ -181,7 +185,7 @@ class SimNode:
         """Record every deadline the runner is given (claims and renewals),
         without changing the runner: instance attributes over its methods."""
         runner = self.loop.runner
-        start, extend = runner.start, runner.extend
+        start, extend, fence = runner.start, runner.extend, runner.fence
 
         def start_recorded(shard: int, generation: int, deadline: float) -> None:
             start(shard, generation, deadline)
@@ -196,12 +200,24 @@ class SimNode:
                 self._record("deadline", shard, -1, after, "renew")
                 self._record_margin(shard)
 
+        def fence_recorded(shards: list[int]) -> None:
+            fence(shards)  # (may bring deadlines forward: an ended epoch)
+            for shard in shards:
+                self._note_expiry(shard)
+
         setattr(runner, "start", start_recorded)  # noqa: B010 - instance override
         setattr(runner, "extend", extend_recorded)  # noqa: B010
+        setattr(runner, "fence", fence_recorded)  # noqa: B010
+
+    def _note_expiry(self, shard: int) -> None:
+        deadline, margin = self.loop.runner.deadline(shard), self.loop.runner.margin
+        if deadline is not None:
+            self.expiry[shard] = deadline + (math.inf if margin is None else margin)
 
     def _record_margin(self, shard: int) -> None:
         """The margin the deadline just recorded was given with (the runner's
         now): the lease's expiry in this node's eyes is that deadline plus it."""
+        self._note_expiry(shard)
         margin = self.loop.runner.margin
         if margin is not None:
             idx, vals = self.world.margins.setdefault((self.label, shard), ([], []))
@@ -236,11 +252,11 @@ class SimNode:
                 self._record("closed", s, -1, 0.0, reason)
                 if s in self.host.open_now:
                     # The runner is done with a shard the host still has open
-                    # (a fenced close that kept failing): by design the
-                    # generation fences it; it no longer counts as placed.
-                    self._record("abandoned", s, self.host.open_now[s], 0.0, reason)
-                    del self.host.open_now[s]
-                    self.world.host_changed()
+                    # (a fenced close that kept failing, a close cut short by
+                    # an abort): its deadline bounds it (the generation fences
+                    # it past that), and its lease must not be freed before it
+                    # expires (`value`); it no longer counts as placed.
+                    self.abandon(s, "aborted" if self.status == "aborting" else reason)
             case Overrun(shard=s, generation=g, late=late):
                 self._record("overrun", s, g, late)
             case CorruptLease(shard=s, error=error):
@@ -252,6 +268,14 @@ class SimNode:
                              + (" hinted" if hinted else ""))
             case _:
                 pass
+
+
+    def abandon(self, shard: int, why: str) -> None:
+        """The host keeps `shard` open with nobody to close it: recorded
+        `abandoned` (`value`: when its lease expires in its node's eyes)."""
+        self._record("abandoned", shard, self.host.open_now.pop(shard),
+                     self.expiry.get(shard, math.inf), why)
+        self.world.host_changed()
 
 
 class SimStore(LeaseStore):
@@ -639,6 +663,16 @@ class World:
     def _ended(self, node: SimNode, task: asyncio.Task[None]) -> None:
         if node.status in ("crashed",):
             return
+        if node.status == "aborting":
+            # Stopped short on purpose (`abort`): the process exits, and what
+            # its host still has open nobody closes any more.
+            node.status = "aborted"
+            self.record(node.label, "aborted", detail=repr(
+                None if task.cancelled() else task.exception()))
+            for shard in sorted(node.host.open_now):
+                node.abandon(shard, "aborted")
+            self.host_changed()
+            return
         if task.cancelled():
             exc: BaseException | None = asyncio.CancelledError()
         else:
@@ -657,8 +691,24 @@ class World:
         node.paused_until = max(node.paused_until, self.now() + duration)
         self.record(node.label, "pause", value=node.paused_until)
 
+    def abort(self, node: SimNode, what: str) -> None:
+        """Stop `node` short (`faults.Abort`): cancel its loop, or the task of
+        its loop that `what` names. Its store and host still answer; what it
+        does on its way out is recorded and checked like anything else."""
+        if node.status not in ("running", "leaving"):
+            return
+        node.status = "aborting"
+        node.ended_at = self.now()
+        self.record(node.label, "abort", detail=what)
+        self.host_changed()
+        name = ABORT_TASKS[what]
+        target = node.task if name is None else next(
+            (t for t in node.tasks if t.get_name() == name and not t.done()), node.task)
+        assert target is not None
+        target.cancel()
+
     async def crash(self, node: SimNode) -> None:
-        if node.status in ("crashed", "left", "died"):
+        if node.status in ("crashed", "left", "died", "aborted"):
             return
         held = sorted(
             s for s, lease in self.read_leases().items()
@@ -718,8 +768,14 @@ class World:
                                    f"{sorted(node.host.open_now)}")
         # Node mode: its epoch record is its heartbeat, and a lease that names
         # an epoch it ended is free (its end freed every lease of it at once).
+        # Only the epoch current at the stop is the stop's to end: one given
+        # up earlier (`OwnEpoch.give_up`: a closed shard it could not free)
+        # is left silent for peers to end after a TTL, by design (the swarm's
+        # seed 248, node mode: n3 gave an epoch up, stopped before its peers
+        # had ended it, and they ended it after that, "silent and holding
+        # nothing").
         live_epochs = {e for (c, n, e), (v, data) in self.backend.epochs.items()
-                       if c == CLUSTER and n == node.name and e in node.loop.own_epochs
+                       if c == CLUSTER and n == node.name and e == node.loop.epoch
                        and not _ended(data, n, e)}
         kept = [s for s, lease in self.read_leases().items()
                 if lease is not None and lease.owner == node.name
@@ -730,16 +786,27 @@ class World:
             found[1], CLUSTER, node.name).incarnation == node.loop.incarnation
         beat = beat or bool(live_epochs)
         start = node.leave_at if node.leave_at is not None else self.now()
-        # (Calls slower than their budget are abandoned: failing too.)
+        # (Calls too slow are failing too. A stop's writes -- the frees, the
+        # end of its epoch, the deletions -- are useful until peers would take
+        # the leases anyway, and get a TTL, not a round's budget: the end may
+        # take a beat in flight (a budget at most), then three calls in a row
+        # (the end, a read after a conflict with a beat that landed unheard,
+        # the end again; only if a beat may land unheard: `reply_share`).
+        # Slower calls than fit in that may leave the leases to a TTL of
+        # silence; faster ones must not.)
+        loop = node.loop
+
+        def too_slow(f: StoreFault) -> bool:
+            return f.latency + f.jitter >= (loop.ttl - loop.budget) / (
+                3 if f.reply_share > 0 else 1)
+
         failing = any(f.node in (None, node.name) and f.at <= self.now() and f.until > start
-                      and (f.error_rate > 0 or f.lost_reply_rate > 0
-                           or f.latency + f.jitter >= node.loop.budget)
+                      and (f.error_rate > 0 or f.lost_reply_rate > 0 or too_slow(f))
                       for f in self.store_faults)
         # A pause leaves the stop's store calls unanswered until it ends; if
         # that leaves no time for a round (one abandoned call's budget, then
         # the stopping pace) within the stop's window (a TTL from the stop),
         # the stop gives up and the leases expire.
-        loop = node.loop
         failing = failing or node.paused_until + loop.budget + loop.options.interval_s \
             > start + loop.ttl
         if failing:
