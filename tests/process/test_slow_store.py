@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -91,6 +93,27 @@ def late_store(history: list[Seen], shard: int, fenced_at: float,
     for r in tries_since_renewed(history, shard, fenced_at):
         if r.arrived + latency + STORE_SLACK <= fenced_at < r.answered:
             return r
+    return None
+
+
+#: A renewal's error when its try was not answered within the budget the
+#: loop gave it (shardlease.calls).
+NO_ANSWER = re.compile(r"no answer within ([0-9.]+)s")
+
+
+def given_time(logged: list[dict[str, Any]], shard: int, fenced_at: float,
+               latency: float) -> float | None:
+    """The budget of a renewal of `shard` that failed unanswered in the TTL
+    before the fence at `fenced_at`, if the loop gave it time enough for the
+    injected `latency` and the store's slack: the loop sent it in time, and
+    what made it late lay past the loop (the proxy, the store, or the node's
+    process starved of CPU). None if no such renewal failed."""
+    for e in logged:
+        if (e.get("event") == "renew_failed" and shard in e.get("shards", ())
+                and fenced_at - TTL <= float(e["ts"]) <= fenced_at
+                and (m := NO_ANSWER.search(str(e.get("error", ""))))
+                and float(m.group(1)) >= latency + STORE_SLACK):
+            return float(m.group(1))
     return None
 
 
@@ -192,6 +215,22 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
                     print(f"  {label}: fence of {fence['shards']} excused: the store answered "
                           f"{[round(r.answered - r.arrived, 2) for r in lates if r]}s after "
                           f"renewals sent in time, at an injected {latency:g}s")
+                    continue
+                # And when the loop gave each fenced shard's renewal more time
+                # than the injected latency and no answer came in it (a warm
+                # fresh-clone run at d004bf8: four shards fenced at once on
+                # "no answer within 1.4s" at an injected 0.9 s, the machine
+                # seen stalling 0.28-0.65 s six times in that phase, none in
+                # the TTL before). What this phase checks of the loop, that it
+                # sends every renewal in time for the latency, still fails a
+                # renewal sent too late: its budget is below the latency.
+                budgets = [given_time(logged, shard, float(fence["ts"]), latency)
+                           for shard in fence["shards"]]
+                if all(b is not None for b in budgets):
+                    excused.append(fence)
+                    fences.remove(fence)
+                    print(f"  {label}: fence of {fence['shards']} excused: renewals given "
+                          f"{budgets}s went unanswered at an injected {latency:g}s")
             assert fences == [], f"{f.row()}\n{fences}"
             if not excused and not excused_before:
                 assert (f.self_fences, f.held_min, f.held_end) == (0, share, share), f.row()
@@ -209,3 +248,18 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
     by_label = {f.label: f for f in figures}
     assert by_label["30% 503 SlowDown"].requests.get("slowdown", 0) > 0
     assert all(sum(f.requests.values()) > 0 for f in figures[:len(SLOW_PHASES)])
+
+
+@pytest.mark.parametrize(("error", "shards", "before", "expected"), [
+    ("renewal of shard 7: no answer within 1.4s", (3, 7), 1.0, 1.4),
+    # sent too late for the latency: the loop's doing, never excused
+    ("renewal of shard 7: no answer within 0.95s", (7,), 1.0, None),
+    ("renewal of shard 7: no answer within 1.4s", (3,), 1.0, None),
+    ("renewal of shard 7: no answer within 1.4s", (7,), TTL + 0.5, None),
+    ("renewal of shard 7: 503 SlowDown", (7,), 1.0, None),
+])
+def test_a_fence_is_put_past_the_loop_only_by_a_renewal_given_time_enough(
+        error: str, shards: tuple[int, ...], before: float, expected: float | None) -> None:
+    logged = [{"event": "renew_failed", "ts": 100.0 - before, "shards": list(shards),
+               "error": error}]
+    assert given_time(logged, 7, 100.0, 0.9) == expected
