@@ -121,7 +121,8 @@ class HintChannel(asyncio.DatagramProtocol):
         last frees are the hints that matter most), waiting `flush` at most."""
         if self._sending is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._sending, flush)
+                async with asyncio.timeout(flush):
+                    await self._sending
         if self.transport is not None:
             self.transport.close()
             self.transport = None

@@ -327,7 +327,8 @@ async def run_exec(config: ExecConfig, cwd: str | None, source: str) -> ExecStat
         raise KubeAPIError(f"{source}: exec credential plugin {config.command!r} cannot "
                            f"run: {e}{hint}") from None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), EXEC_TIMEOUT)
+        async with asyncio.timeout(EXEC_TIMEOUT):
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

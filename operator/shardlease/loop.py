@@ -567,7 +567,8 @@ class PlacementLoop:
                 # (the simulation's reply_share; CI at 91dc689, s3-node). The
                 # end is useful until peers would end the epoch: a TTL.
                 try:
-                    await asyncio.wait_for(self.keeper.end_epoch(), self.ttl)
+                    async with asyncio.timeout(self.ttl):
+                        await self.keeper.end_epoch()
                 except (StoreError, TimeoutError) as e:
                     logger.warning("could not end our epoch within %gs (%s): peers take its "
                                    "leases after a TTL of silence", self.ttl,
@@ -577,8 +578,8 @@ class PlacementLoop:
                 # After stop()'s deletion (under the lock, once any heartbeat
                 # write in flight has ended), or instead of it if it failed.
                 with contextlib.suppress(StoreError, TimeoutError):
-                    await asyncio.wait_for(self.beats.delete(),
-                                           self.ttl + self.options.interval_s)
+                    async with asyncio.timeout(self.ttl + self.options.interval_s):
+                        await self.beats.delete()
             await _cancel(*self.calls.in_flight())
             await _cancel(runner)
             await self._drain_tasks()

@@ -271,7 +271,8 @@ class Agent:
                 break
             self._own_pod_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._own_pod_changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._own_pod_changed.wait()
         resume.set()
 
     async def close(self) -> None:
@@ -340,7 +341,8 @@ class Agent:
                     logger.error("%s (retrying in %.0fs)", msg, delay)
                     await self._post("Warning", "LoopFailed", msg)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), delay)
+                        async with asyncio.timeout(delay):
+                            await self._changed.wait()
                     delay = min(delay * 2, RETRY_MAX)
         finally:
             self._stopped.set()
@@ -398,7 +400,8 @@ class Agent:
                 await loop.stop(held)
                 if told is not None:  # told while the shards closed; a stuck post is let go
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(asyncio.shield(told), 3.0)
+                        async with asyncio.timeout(3.0):
+                            await asyncio.shield(told)
             try:
                 await task
             except asyncio.CancelledError:
@@ -411,7 +414,8 @@ class Agent:
             if self._pending_events:
                 pending, self._pending_events = self._pending_events, []
                 try:
-                    await asyncio.wait_for(self._post_batch(pending), 5.0)
+                    async with asyncio.timeout(5.0):
+                        await self._post_batch(pending)
                 except Exception as e:
                     logger.warning("could not post the last events: %r", e)
             if self.loop is not None:
@@ -491,15 +495,16 @@ class Agent:
         waited = False
         while not self._stopping.is_set() and not self._changed.is_set():
             try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(parts.hostname, port), 2.0)
+                async with asyncio.timeout(2.0):
+                    _, writer = await asyncio.open_connection(parts.hostname, port)
             except (OSError, TimeoutError):
                 if not waited:
                     logger.info("waiting for the application to listen at %s before "
                                 "taking shards", url)
                     waited = True
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), HOST_POLL)
+                    async with asyncio.timeout(HOST_POLL):
+                        await self._changed.wait()
                 continue
             writer.close()
             with contextlib.suppress(OSError):

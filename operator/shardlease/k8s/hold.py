@@ -174,7 +174,8 @@ async def read_replicas(get: Callable[[], Awaitable[tuple[int, Any]]],
         attempts += 1
         left = deadline - clock()
         try:
-            code, body = await asyncio.wait_for(get(), max(0.1, min(attempt_timeout, left)))
+            async with asyncio.timeout(max(0.1, min(attempt_timeout, left))):
+                code, body = await get()
         except Exception as e:
             last, again = ReplicasRead(None, f"{type(e).__name__}: {e}".rstrip(": ")), True
         else:

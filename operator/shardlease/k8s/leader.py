@@ -107,7 +107,8 @@ class LeaderElector:
         while True:
             started = loop.time()
             try:
-                held = await asyncio.wait_for(self.try_acquire_or_renew(), self.retry_period)
+                async with asyncio.timeout(self.retry_period):
+                    held = await self.try_acquire_or_renew()
             except Exception as e:
                 logger.warning("leader election: %s", e)
                 held = False

@@ -78,9 +78,9 @@ class ProbeServer:
             return True
         host, port = self.webhook
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1" if host in ("0.0.0.0", "") else host, port),
-                2.0)
+            async with asyncio.timeout(2.0):
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1" if host in ("0.0.0.0", "") else host, port)
         except (OSError, TimeoutError):
             return False
         writer.close()
