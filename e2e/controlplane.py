@@ -16,6 +16,7 @@ import base64
 import contextlib
 import ctypes
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -69,7 +70,12 @@ NODE_BINARIES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-p
 # What a kind cluster of our own needs beside those (issue 20, e2e/kind-plan.md):
 # built only when asked for.
 KIND_BINARIES = ("kubeadm", "kind", "crictl", "mc")
-ALL_BINARIES = BINARIES + NODE_BINARIES + KIND_BINARIES
+#: The linearizability checker of `shardlease verify` (docs/verify.md). Its
+#: source is in this repository, not a published module, so its cache key is
+#: a digest of that source: an edit builds a new binary beside the old one.
+TOOL_BINARIES = ("porcupine-check",)
+PORCUPINE_CHECK_SRC = Path(__file__).resolve().parent.parent / "tools" / "porcupine-check"
+ALL_BINARIES = BINARIES + NODE_BINARIES + KIND_BINARIES + TOOL_BINARIES
 
 
 def cache_dir() -> Path:
@@ -96,7 +102,22 @@ def versions() -> dict[str, str]:
         "kind": KIND_VERSION,
         "crictl": CRICTL_VERSION,
         "mc": MC_VERSION,
+        "porcupine-check": source_version(PORCUPINE_CHECK_SRC),
     }
+
+
+def source_version(src: Path) -> str:
+    """A digest of a Go module in this repository (go.mod, go.sum, *.go)."""
+    h = hashlib.sha256()
+    files = sorted(f for f in src.glob("*") if f.name in ("go.mod", "go.sum")
+                   or f.suffix == ".go") if src.is_dir() else []
+    if not files:
+        # Without its source (a copy of e2e/ alone) nothing can be built;
+        # the name still says so rather than matching a stale binary.
+        return "nosource"
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return "src-" + h.hexdigest()[:16]
 
 
 def binary_path(name: str) -> Path:
@@ -279,6 +300,18 @@ def _go_install(name: str, pkg_at_version: str, ldflags: str, log: Path) -> None
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def _build_porcupine_check(log: Path) -> None:
+    final = binary_path("porcupine-check")
+    if final.name.endswith("-nosource"):
+        raise BuildError(f"no Go source for porcupine-check in {PORCUPINE_CHECK_SRC}")
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    # -mod=readonly: the module's go.sum is in the repository, so the build
+    # fetches exactly what it names and never rewrites the source tree.
+    _run([_go(), "build", "-mod=readonly", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp),
+          "."], cwd=PORCUPINE_CHECK_SRC, log=log)
+    _finish(tmp, final)
+
+
 def _build_helm(log: Path) -> None:
     ld = ["-s", "-w", f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
           "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
@@ -317,6 +350,7 @@ _BUILDERS = {
         "crictl", f"sigs.k8s.io/cri-tools/cmd/crictl@{CRICTL_VERSION}",
         f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRICTL_VERSION}", log),
     "mc": lambda log: _go_install("mc", f"github.com/minio/mc@{MC_VERSION}", "-s -w", log),
+    "porcupine-check": lambda log: _build_porcupine_check(log),
 }
 
 

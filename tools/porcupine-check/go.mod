@@ -1,0 +1,5 @@
+module shardlease.invalid/tools/porcupine-check
+
+go 1.22
+
+require github.com/anishathalye/porcupine v1.3.1
