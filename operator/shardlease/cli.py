@@ -1,10 +1,11 @@
-"""The `shardlease` command: run a node, show the owners, run the demo, bench.
+"""The `shardlease` command: run a node, show the owners, run the demo, bench, verify.
 
     shardlease node   --store URL --cluster NAME --name NAME --shards N [...]
     shardlease owners --store URL --cluster NAME [--shards N] [-o table|json] [--watch S]
     shardlease conformance URL [--shard S] [--generation G] [-o table|json]
     shardlease demo   [--nodes 3] [--shards 12] [--store file:///path]
     shardlease bench  [--quick]
+    shardlease verify --history FILE [--opens FILE]
 
 Exit status: 0 on success (a node stopped by SIGTERM/SIGINT after releasing
 its shards), 2 for a bad option or store URL, 1 when the store cannot be used
@@ -536,6 +537,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run only these sections (repeat)")
     bench.set_defaults(func=_cmd_bench)
 
+    verify = sub.add_parser(
+        "verify", help="judge a client history: linearizability (porcupine), lost and "
+                       "stale-generation writes, double opens",
+        description="Judge a client history of a sharded key-value service (docs/verify.md). "
+                    "The last line is the verdict; exit status 0 only when it passes, 1 when "
+                    "it does not, 2 when the files cannot be judged.")
+    verify.add_argument("--history", required=True, metavar="FILE",
+                        help="the clients' history, JSON lines (docs/verify.md)")
+    verify.add_argument("--opens", metavar="FILE",
+                        help="the applications' open and close records, JSON lines, for the "
+                             "double-open check")
+    verify.add_argument("--time-limit-per-key", type=float, default=10.0, metavar="SECONDS",
+                        help="how long porcupine may search one key before its verdict is "
+                             "unknown (default 10)")
+    verify.add_argument("--max-ops", type=int, default=100_000, metavar="N",
+                        help="a longer history is not checked for linearizability: its verdict "
+                             "is unknown (default 100000)")
+    verify.add_argument("--html-dir", metavar="DIR",
+                        help="where porcupine's visualization of a failing key is written "
+                             "(default: the history's directory)")
+    verify.add_argument("--checker", metavar="PATH",
+                        help="the porcupine-check binary (default: $SHARDLEASE_PORCUPINE_CHECK, "
+                             "else the one e2e/controlplane builds from this checkout)")
+    verify.set_defaults(func=_cmd_verify)
+
     from shardlease.k8s.commands import add_parsers
 
     add_parsers(sub)  # agent, operator
@@ -554,6 +580,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      "pip install ./tools from a checkout of shardlease "
                      "(scripts/setup test does)", EXIT_CONFIG)
     return cmd_bench(args)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    # A development tool like the bench (tools/): not in the wheel or image.
+    try:
+        from shardlease_tools.verify import cmd_verify
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("shardlease_tools"):
+            raise
+        return _fail("`shardlease verify` is a development tool, not part of this install: "
+                     "pip install ./tools from a checkout of shardlease "
+                     "(scripts/setup test does)", EXIT_CONFIG)
+    return cmd_verify(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
