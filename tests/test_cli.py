@@ -211,7 +211,7 @@ def test_python_dash_m_and_the_console_script_agree() -> None:
     by_module = shardlease("--help")
     assert by_module.returncode == by_script.returncode == 0
     assert by_module.stdout == by_script.stdout
-    for command in ("node", "owners", "demo", "bench"):
+    for command in ("node", "owners", "demo", "bench", "verify"):
         assert command in by_module.stdout
 
 
@@ -274,6 +274,7 @@ raise SystemExit(main(sys.argv[1:]))
 
 @pytest.mark.parametrize(("absent", "argv", "says"), [
     (("shardlease_tools",), ["bench", "--quick"], "pip install ./tools"),
+    (("shardlease_tools",), ["verify", "--history", "h.jsonl"], "pip install ./tools"),
     (("rich",), ["demo"], "pip install 'shardlease[demo]'"),
 ])
 def test_a_tool_that_is_not_installed_says_what_to_install_in_one_line(
