@@ -229,12 +229,13 @@ def lost_writes(ops: Sequence[Line[Operation]]) -> list[LostWrite]:
         read = max(finals, key=lambda x: x.record.invoked)
         value = read.record.value
         # When the value read became the key's value, at the latest; -1:
-        # before every write (absence, or a value no write made).
+        # before every write (absence, or a value no write stored: never
+        # written, refused, or a cas that did not swap).
         origin = -1
         if value is not None:
             writer = next((x.record for x in lines if x.record.op != "read"
                            and x.record.value == value), None)
-            if writer is not None and writer.outcome == "ok":
+            if writer is not None and writer.acknowledged_write:
                 assert writer.completed is not None
                 origin = writer.completed
             elif writer is not None and writer.outcome == "unknown":
