@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -568,31 +569,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    # A development tool, a distribution of its own (tools/): the wheel, the
-    # image and the sidecars carry none of it.
+def _development_tool(command: str, args: argparse.Namespace) -> int:
+    # The bench and verify are development tools, a distribution of their own
+    # (tools/): the wheel, the image and the sidecars carry none of it.
     try:
-        from shardlease_tools.bench import cmd_bench
+        module = importlib.import_module(f"shardlease_tools.{command}")
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("shardlease_tools"):
             raise
-        return _fail("`shardlease bench` is a development tool, not part of this install: "
-                     "pip install ./tools from a checkout of shardlease "
+        return _fail(f"`shardlease {command}` is a development tool, not part of this "
+                     "install: pip install ./tools from a checkout of shardlease "
                      "(scripts/setup test does)", EXIT_CONFIG)
-    return cmd_bench(args)
+    code: int = getattr(module, f"cmd_{command}")(args)
+    return code
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    return _development_tool("bench", args)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    # A development tool like the bench (tools/): not in the wheel or image.
-    try:
-        from shardlease_tools.verify import cmd_verify
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("shardlease_tools"):
-            raise
-        return _fail("`shardlease verify` is a development tool, not part of this install: "
-                     "pip install ./tools from a checkout of shardlease "
-                     "(scripts/setup test does)", EXIT_CONFIG)
-    return cmd_verify(args)
+    return _development_tool("verify", args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
