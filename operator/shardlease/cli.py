@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -569,27 +568,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _development_tool(command: str, args: argparse.Namespace) -> int:
+def _not_installed(command: str, e: ModuleNotFoundError) -> int:
     # The bench and verify are development tools, a distribution of their own
-    # (tools/): the wheel, the image and the sidecars carry none of it.
-    try:
-        module = importlib.import_module(f"shardlease_tools.{command}")
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("shardlease_tools"):
-            raise
-        return _fail(f"`shardlease {command}` is a development tool, not part of this "
-                     "install: pip install ./tools from a checkout of shardlease "
-                     "(scripts/setup test does)", EXIT_CONFIG)
-    code: int = getattr(module, f"cmd_{command}")(args)
-    return code
+    # (tools/): the wheel, the image and the sidecars carry none of it. Their
+    # imports stay plain `from` imports so that the import contracts see them.
+    if not (e.name or "").startswith("shardlease_tools"):
+        raise e
+    return _fail(f"`shardlease {command}` is a development tool, not part of this "
+                 "install: pip install ./tools from a checkout of shardlease "
+                 "(scripts/setup test does)", EXIT_CONFIG)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    return _development_tool("bench", args)
+    try:
+        from shardlease_tools.bench import cmd_bench
+    except ModuleNotFoundError as e:
+        return _not_installed("bench", e)
+    return cmd_bench(args)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    return _development_tool("verify", args)
+    try:
+        from shardlease_tools.verify import cmd_verify
+    except ModuleNotFoundError as e:
+        return _not_installed("verify", e)
+    return cmd_verify(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
