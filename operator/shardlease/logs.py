@@ -123,6 +123,9 @@ def setup_logging(fmt: str, level: str, *, context: Mapping[str, str] | None = N
             f"%(asctime)s %(levelname)s %(name)s [{who}] %(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # Python's warnings (a deprecation in a dependency) as records too: in
+    # JSON, a pipeline reads every line as one object.
+    logging.captureWarnings(True)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -215,8 +215,8 @@ class EventLog:
     `shardset` and `pod` (the event's cluster and node) and the generation
     this node held of the shard where the event does not carry it: a
     release, a loss or a close follows the claim or the open that named it
-    (an in-process table, a shard's entry dropped when this node is done
-    with its lease). The message is the event's own fields, as people read it."""
+    (an in-process table, a shard's entry dropped once its lease is freed or
+    lost). The message is the event's own fields, as people read it."""
 
     def __init__(self) -> None:
         # (cluster, node, shard) -> generation: several nodes may share a process.
@@ -258,8 +258,12 @@ class EventLog:
                 known = held(shard)
                 self._opened.pop(key(shard), None)
                 return {} if known is None else {"generation": known}
-            case Release(shard=shard) | Lost(shard=shard) | LeftToExpire(shard=shard):
+            case Release(shard=shard) | Lost(shard=shard):
                 known = self._claimed.pop(key(shard), None)
+                return {} if known is None else {"generation": known}
+            case LeftToExpire(shard=shard):
+                # Still this node's lease until it expires: a release may follow.
+                known = self._claimed.get(key(shard))
                 return {} if known is None else {"generation": known}
             case SelfFence(shards=shards):
                 return {"generations": [held(s) for s in shards]}
