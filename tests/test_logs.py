@@ -131,9 +131,12 @@ def test_a_json_record_has_its_fields_then_its_message_shard_then_the_context() 
     out = json.loads(fmt.format(rec))
     assert (out["event"], out["shard"], out["generation"], out["pod"], out["shardset"]) == \
         ("opened", 4, 2, "db-1", "db")
-    # Other libraries' messages are not read for shards.
-    out = json.loads(fmt.format(record("shard %d", 3, name="kopf.objects")))
-    assert out["shard"] == "never"
+    # Other libraries' messages are not read for shards, nor their `fields`
+    # taken for ours unless they are a mapping.
+    rec = record("shard %d", 3, name="kopf.objects")
+    rec.fields = ["not", "ours"]
+    out = json.loads(fmt.format(rec))
+    assert out["shard"] == "never" and "not" not in out
 
 
 class Records(logging.Handler):

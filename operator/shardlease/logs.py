@@ -28,8 +28,8 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 DEFAULT_FORMAT: LogFormat = "text"
 DEFAULT_LEVEL: LogLevel = "info"
 
-#: Loggers kept at WARNING whatever the level: the S3 client's logs every
-#: request at DEBUG, and kopf logs every watch event at INFO.
+#: Loggers kept at WARNING or above whatever the level: the S3 client logs
+#: every request at DEBUG, and kopf every watch event at INFO.
 QUIET = ("botocore", "aiobotocore", "urllib3", "asyncio", "kopf")
 
 # One printf placeholder: %(key)s, flags, width, precision, length, conversion.
@@ -97,8 +97,11 @@ class JsonFormatter(logging.Formatter):
         event = getattr(record, "event", None)
         if event is not None:
             out["event"] = event
-        for key, value in (getattr(record, "fields", None) or {}).items():
-            out.setdefault(key, value)
+        fields = getattr(record, "fields", None)
+        # (Another library's `extra` may use the name for something else.)
+        if isinstance(fields, Mapping):
+            for key, value in fields.items():
+                out.setdefault(str(key), value)
         if record.name.startswith("shardlease"):
             for key, value in shard_fields(record).items():
                 out.setdefault(key, value)

@@ -132,7 +132,7 @@ def test_agent_annotations_shape_the_injected_agent_on_top_of_the_chart_values()
     ("allow-default-service-account", "1", '"true" or "false"'),
     ("drain-containers", "app,,UPPER", "not a valid name"),
     ("agent-log-format", "xml", "text or json, not 'xml'"),
-    ("agent-log-level", "loud", "debug or info or warning or error, not 'loud'"),
+    ("agent-log-level", "loud", "debug, info, warning or error, not 'loud'"),
 ])
 def test_a_malformed_agent_annotation_is_refused_with_a_message_naming_it(
         key: str, value: str, message: str) -> None:

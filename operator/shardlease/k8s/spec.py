@@ -234,8 +234,8 @@ def agent_config_from_annotations(sts: dict[str, Any], base: AgentConfig) -> Age
                                 ("agent-log-level", "log_level", LOG_LEVELS)):
         if key in ours:
             if ours[key] not in allowed:
-                raise ConfigError(f"{PREFIX}{key} must be {' or '.join(allowed)}, "
-                                  f"not {ours[key]!r}")
+                raise ConfigError(f"{PREFIX}{key} must be {', '.join(allowed[:-1])} or "
+                                  f"{allowed[-1]}, not {ours[key]!r}")
             setattr(config, field, ours[key])
     return config
 
