@@ -27,18 +27,22 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from shardlease.errors import ConfigError, DemoError, ShardleaseError
 from shardlease.hosts.base import Host
 from shardlease.hosts.record import RecordHost
+from shardlease.logs import add_log_options, setup_logging
 from shardlease.options import Options
 from shardlease.owners import owners_table, read_owners
 from shardlease.stores import open_store
 from shardlease.stores.base import LeaseStore
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from shardlease.loop import PlacementLoop
+    from shardlease.telemetry import Telemetry
 
 logger = logging.getLogger("shardlease.cli")
 
@@ -55,46 +59,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-# -- logging -------------------------------------------------------------------
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record; telemetry events bring their fields."""
-
-    def __init__(self, node: str | None = None) -> None:
-        super().__init__()
-        self.node = node
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
-        if self.node:
-            out["node"] = self.node
-        event = getattr(record, "event", None)
-        if event is not None:
-            out["event"] = event
-            for key, value in (getattr(record, "fields", None) or {}).items():
-                out.setdefault(key, value)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(fmt: str, level: str, node: str | None = None) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter(node))
-    else:
-        who = f" [{node}]" if node else ""
-        handler.setFormatter(logging.Formatter(
-            f"%(asctime)s %(levelname)s %(name)s{who} %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("botocore", "aiobotocore", "urllib3", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 # -- node ------------------------------------------------------------------------
@@ -150,22 +114,43 @@ def record_deadlines(placement: PlacementLoop, host: RecordHost) -> None:
     placement.telemetry.subscribe(moved)
 
 
+def node_metrics(telemetry: Telemetry) -> CollectorRegistry:
+    """The registry `shardlease node --metrics-port` serves: the events' metrics
+    and the process's, as prometheus-client's default registry has them (a
+    registry of its own, so that docs/metrics.md is made from this one)."""
+    from prometheus_client import (
+        CollectorRegistry,
+        GCCollector,
+        PlatformCollector,
+        ProcessCollector,
+    )
+
+    from shardlease.telemetry import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    telemetry.subscribe(PrometheusMetrics(registry))
+    return registry
+
+
 async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore, host: Host,
                    peers: dict[str, str]) -> int:
     from shardlease.loop import PlacementLoop
-    from shardlease.telemetry import PrometheusMetrics, Telemetry, log_events
+    from shardlease.telemetry import EventLog, Telemetry
 
     telemetry = Telemetry()
-    telemetry.subscribe(log_events)
+    telemetry.subscribe(EventLog())
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
         try:
-            start_http_server(args.metrics_port, addr="127.0.0.1")
+            start_http_server(args.metrics_port, addr="127.0.0.1",
+                              registry=node_metrics(telemetry))
         except OSError as e:
             return _fail(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: "
                          f"{e.strerror or e}", EXIT_FAILED)
-        telemetry.subscribe(PrometheusMetrics())
     try:
         await store.check()
     except Exception as e:  # an unexpected client failure is still a store failure
@@ -257,7 +242,10 @@ async def run_node(args: argparse.Namespace, options: Options, store: LeaseStore
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    setup_logging(args.log_format, args.log_level, args.name)
+    # `shardset` and `pod` beside `cluster` and `node`: one query finds a
+    # shard's records from nodes and agents alike (shardlease.logs).
+    setup_logging(args.log_format, args.log_level, tag=args.name,
+                  context={"node": args.name, "shardset": args.cluster, "pod": args.name})
     try:
         options = Options.make(shards=args.shards, lease_ttl=args.lease_ttl,
                                interval=args.interval, margin=args.margin, name=args.name,
@@ -478,9 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="listen for peers' hints (UDP) here, and hint the --peer addresses "
                            "when this node frees leases or joins: freed shards reopen at once")
     node.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1")
-    node.add_argument("--log-format", choices=("text", "json"), default="text")
-    node.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                      default="info")
+    add_log_options(node)
     node.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     node.set_defaults(func=cmd_node)
 

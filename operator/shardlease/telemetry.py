@@ -210,20 +210,69 @@ class Telemetry:
                 logger.exception("telemetry subscriber %r failed on %s", subscriber, event.kind)
 
 
-def log_events(event: Event) -> None:
-    """Structured logs: one record per event, its fields in `extra`."""
-    if isinstance(event, Round | DeadlineMoved):
-        level = logging.DEBUG
-    elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
-                    | NewerRecord | EpochEnded | ExtendFailed):
-        level = logging.WARNING
-    elif isinstance(event, Overrun | LeftToExpire):
-        level = logging.ERROR
-    else:
-        level = logging.INFO
-    fields = asdict(event)
-    text = " ".join(f"{k}={v}" for k, v in fields.items())
-    logger.log(level, "%s %s", event.kind, text, extra={"event": event.kind, "fields": fields})
+class EventLog:
+    """Structured logs: one record per event, its fields in `extra`, with
+    `shardset` and `pod` (the event's cluster and node) and the generation
+    this node held of the shard where the event does not carry it: a
+    release, a loss or a close follows the claim or the open that named it
+    (an in-process table, a shard's entry dropped once its lease is freed or
+    lost). The message is the event's own fields, as people read it."""
+
+    def __init__(self) -> None:
+        # (cluster, node, shard) -> generation: several nodes may share a process.
+        self._claimed: dict[tuple[str, str, int], int] = {}
+        self._opened: dict[tuple[str, str, int], int] = {}
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Round | DeadlineMoved):
+            level = logging.DEBUG
+        elif isinstance(event, SelfFence | Lost | RenewFailed | RenewSlow | CorruptLease
+                        | NewerRecord | EpochEnded | ExtendFailed):
+            level = logging.WARNING
+        elif isinstance(event, Overrun | LeftToExpire):
+            level = logging.ERROR
+        else:
+            level = logging.INFO
+        fields = asdict(event)
+        text = " ".join(f"{k}={v}" for k, v in fields.items())
+        structured = {**fields, "shardset": event.cluster, "pod": event.node,
+                      **self._generations(event)}
+        logger.log(level, "%s %s", event.kind, text,
+                   extra={"event": event.kind, "fields": structured})
+
+    def _generations(self, event: Event) -> dict[str, object]:
+        def key(shard: int) -> tuple[str, str, int]:
+            return (event.cluster, event.node, shard)
+
+        def held(shard: int) -> int | None:
+            # The open's generation first: a close after a loss follows the
+            # open it closes, the lease's entry being gone with the loss.
+            return self._opened.get(key(shard), self._claimed.get(key(shard)))
+
+        match event:
+            case Claim(shard=shard, generation=generation):
+                self._claimed[key(shard)] = generation
+            case Opened(shard=shard, generation=generation):
+                self._opened[key(shard)] = generation
+            case Closed(shard=shard):
+                known = held(shard)
+                self._opened.pop(key(shard), None)
+                return {} if known is None else {"generation": known}
+            case Release(shard=shard) | Lost(shard=shard):
+                known = self._claimed.pop(key(shard), None)
+                return {} if known is None else {"generation": known}
+            case LeftToExpire(shard=shard):
+                # Still this node's lease until it expires: a release may follow.
+                known = self._claimed.get(key(shard))
+                return {} if known is None else {"generation": known}
+            case SelfFence(shards=shards):
+                return {"generations": [held(s) for s in shards]}
+        return {}
+
+
+#: The event log of processes with no log of their own (the bench); keyed by
+#: cluster and node, so sharing it is safe.
+log_events = EventLog()
 
 
 class PrometheusMetrics:

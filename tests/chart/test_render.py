@@ -98,6 +98,8 @@ BAD_VALUES = [
     ("--set", "serviceAccount.create=maybe"),
     ("--set", "operator.extraArgs[0]=1"),
     ("--set", "imageTag=0.2.0"),
+    ("--set", "operator.logFormat=xml"),
+    ("--set", "agent.logLevel=trace"),
 ]
 
 
@@ -246,7 +248,8 @@ def test_operator_deployment(docs):
     assert c["image"] == "shardlease:0.1.0"
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert "command" not in c, "the image's ENTRYPOINT (shardlease) must stay"
-    assert c["args"] == ["operator", "--leader-election"]
+    assert c["args"] == ["operator", "--leader-election", "--log-format=text",
+                         "--log-level=info"]
     env = env_of(c)
     assert env["SHARDLEASE_AGENT_IMAGE"] == c["image"]
     assert env["SHARDLEASE_WEBHOOK_CERT_DIR"] == "/certs"
@@ -507,6 +510,34 @@ def test_agent_values_reach_the_operator_as_a_valid_agent_config(helm):
     assert config.env_from == [{"secretRef": {"name": "s3-creds"}}]
     assert config.env == [{"name": "AWS_REGION", "value": "eu-west-1"}]
     assert config.image_pull_secrets == ["regcred"]
+
+
+def test_the_log_values_reach_the_operators_arguments_and_the_agents_config(helm):
+    from shardlease.cli import build_parser
+    from shardlease.k8s.inject import AgentConfig, inject
+
+    def rendered(*args: str) -> tuple[list[str], AgentConfig]:
+        (c,) = one(helm.template(*args), "Deployment")["spec"]["template"]["spec"]["containers"]
+        return c["args"], AgentConfig.model_validate_json(env_of(c)["SHARDLEASE_AGENT_CONFIG"])
+
+    args, config = rendered()
+    assert (config.log_format, config.log_level) == ("text", "info")
+    args, config = rendered("--set", "operator.logFormat=json", "--set", "operator.logLevel=debug",
+                            "--set", "agent.logFormat=json", "--set", "agent.logLevel=warning")
+    # What the operator's own parser reads from the Deployment's arguments.
+    parsed = build_parser().parse_args(args)
+    assert (parsed.log_format, parsed.log_level) == ("json", "debug")
+    assert (config.log_format, config.log_level) == ("json", "warning")
+    pod = {"metadata": {"name": "db-0"}, "spec": {"containers": [{"name": "app"}]}}
+    (agent,) = inject(pod, "x", "db", config=config)["spec"]["initContainers"]
+    parsed = build_parser().parse_args(agent["args"])
+    assert (parsed.log_format, parsed.log_level) == ("json", "warning")
+    # Values from an older chart (`helm upgrade --reuse-values`) have no log
+    # keys: the defaults, never an empty --log-format= the operator refuses.
+    args, config = rendered("--set", "operator.logFormat=null", "--set", "operator.logLevel=null",
+                            "--set", "agent.logFormat=null", "--set", "agent.logLevel=null")
+    assert args[-2:] == ["--log-format=text", "--log-level=info"]
+    assert (config.log_format, config.log_level) == ("text", "info")
 
 
 def test_a_wrong_agent_value_is_refused_by_the_schema(helm):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,14 @@ async def conditions(api: client.ApiClient, ns: str, name: str) -> dict[str, dic
 
 
 async def start_operator(api: client.ApiClient, namespace: str, kubeconfig: str,
-                         tmp_path: Path, http: str = "") -> tuple[Proc, str]:
+                         tmp_path: Path, http: str = "", extra: tuple[str, ...] = ()
+                         ) -> tuple[Proc, str]:
     cert = make_webhook_cert(tmp_path / "certs")
     port = free_port()
     proc = spawn("operator", [
         "operator", "--namespace", namespace, "--agent-image", "shardlease:test",
         "--webhook-cert-dir", str(tmp_path / "certs"), "--webhook-addr", "127.0.0.1",
-        "--webhook-port", str(port), "--http", http], tmp_path,
+        "--webhook-port", str(port), "--http", http, *extra], tmp_path,
         env={"KUBECONFIG": kubeconfig})
     return proc, await register_webhook(api, namespace, port, cert, "Ignore")
 
@@ -90,8 +92,12 @@ async def test_pods_created_right_behind_their_statefulset_get_the_agent(
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     await apply_crd(api)
     http = free_port()
-    proc, webhook = await start_operator(api, namespace, kubeconfig, tmp_path,
-                                         http=f"127.0.0.1:{http}")
+    # In JSON, and injecting agents that log in JSON at debug (the chart's
+    # agent.logFormat and agent.logLevel, #43): checked at the end.
+    proc, webhook = await start_operator(
+        api, namespace, kubeconfig, tmp_path, http=f"127.0.0.1:{http}",
+        extra=("--log-format", "json", "--agent-config",
+               '{"logFormat": "json", "logLevel": "debug"}'))
     try:
         async def ready() -> bool:
             async with aiohttp.ClientSession() as s, \
@@ -124,6 +130,8 @@ async def test_pods_created_right_behind_their_statefulset_get_the_agent(
             pod = await core.create_namespaced_pod(namespace, pod_for(sts, 0))
             injected.append(has_agent(pod))
         assert injected == [True] * 8, proc.tail()
+        (agent,) = [c for c in pod.spec.init_containers or [] if c.name == AGENT]
+        assert agent.args[-4:] == ["--log-format", "json", "--log-level", "debug"], agent.args
 
         # A StatefulSet that did not opt in, just as fresh, is left alone.
         plain = api.sanitize_for_serialization(await apps.create_namespaced_stateful_set(
@@ -142,6 +150,15 @@ async def test_pods_created_right_behind_their_statefulset_get_the_agent(
         proc.stop()
         await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
             webhook)
+    # Every line the operator wrote is one JSON record (kopf's and Python's
+    # warnings too), and it said something.
+    records = []
+    for line in proc.log.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise AssertionError(f"a line of the operator's that is not JSON: {line!r}") from None
+    assert records and all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
 
 
 async def test_the_default_service_account_is_refused_and_missing_agents_are_reported(

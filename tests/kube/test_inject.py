@@ -118,3 +118,18 @@ def test_injecting_twice_changes_nothing() -> None:
     assert inject(once, "img", "db") == once
     legacy = inject(pod(), "img", "db", native=False)
     assert inject(legacy, "img", "db") == legacy
+
+
+def test_the_agents_log_options_are_passed_only_when_not_the_default() -> None:
+    def args(**config: str) -> list[str]:
+        (agent,) = inject(pod(), "shardlease:1", "db",
+                          config=AgentConfig.model_validate(config))["spec"]["initContainers"]
+        return list(agent["args"])
+
+    # A default install injects what it always did (an older agent image starts it).
+    assert args() == ["agent", "--shardset", "db", "--port", str(AGENT_PORT)]
+    assert args(logFormat="json")[-2:] == ["--log-format", "json"]
+    assert args(logLevel="warning")[-2:] == ["--log-level", "warning"]
+    both = args(logFormat="json", logLevel="debug")
+    assert both[both.index("--log-format") + 1] == "json"
+    assert both[both.index("--log-level") + 1] == "debug"

@@ -104,6 +104,8 @@ def test_agent_annotations_shape_the_injected_agent_on_top_of_the_chart_values()
                 "shardlease.io/agent-env-from-secret": "s3-creds, other",
                 "shardlease.io/agent-env-from-configmap": "s3-config",
                 "shardlease.io/native-sidecar": "false",
+                "shardlease.io/agent-log-format": "json",
+                "shardlease.io/agent-log-level": "debug",
                 "shardlease.io/drain-containers": "app,worker"})
     assert spec_from_annotations(body) is not None
     config = agent_config_from_annotations(body, base)
@@ -115,6 +117,8 @@ def test_agent_annotations_shape_the_injected_agent_on_top_of_the_chart_values()
                                {"secretRef": {"name": "other"}},
                                {"configMapRef": {"name": "s3-config"}}]
     assert config.native_sidecar is False
+    assert (config.log_format, config.log_level) == ("json", "debug")
+    assert (base.log_format, base.log_level) == ("text", "info")
     assert base.env_from == [{"secretRef": {"name": "global"}}]  # the base is not changed
     assert drain_containers(body) == ["app", "worker"]
     assert drain_containers(sts({"shardlease.io/shards": "4"})) is None
@@ -127,6 +131,8 @@ def test_agent_annotations_shape_the_injected_agent_on_top_of_the_chart_values()
     ("native-sidecar", "yes", '"true" or "false"'),
     ("allow-default-service-account", "1", '"true" or "false"'),
     ("drain-containers", "app,,UPPER", "not a valid name"),
+    ("agent-log-format", "xml", "text or json, not 'xml'"),
+    ("agent-log-level", "loud", "debug, info, warning or error, not 'loud'"),
 ])
 def test_a_malformed_agent_annotation_is_refused_with_a_message_naming_it(
         key: str, value: str, message: str) -> None:

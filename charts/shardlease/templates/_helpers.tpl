@@ -82,10 +82,12 @@ switching modes never asks helm to adopt a Secret it did not create. */}}
 
 {{/*
 The injected agent's settings, as the JSON `shardlease operator --agent-config` reads.
+(The log defaults stand for values a `helm upgrade --reuse-values` from an
+older chart does not have.)
 */}}
 {{- define "shardlease.agentConfig" -}}
 {{- $a := .Values.agent -}}
-{{- $cfg := dict "imagePullPolicy" ($a.imagePullPolicy | default .Values.image.pullPolicy) "resources" $a.resources "env" $a.env "envFrom" $a.envFrom -}}
+{{- $cfg := dict "imagePullPolicy" ($a.imagePullPolicy | default .Values.image.pullPolicy) "resources" $a.resources "env" $a.env "envFrom" $a.envFrom "logFormat" ($a.logFormat | default "text") "logLevel" ($a.logLevel | default "info") -}}
 {{- $secrets := list -}}
 {{- range .Values.imagePullSecrets }}{{ $secrets = append $secrets .name }}{{ end -}}
 {{- $_ := set $cfg "imagePullSecrets" $secrets -}}

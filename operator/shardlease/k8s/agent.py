@@ -70,6 +70,7 @@ from shardlease.stores import open_store
 from shardlease.telemetry import (
     Claim,
     Event,
+    EventLog,
     LeftToExpire,
     Lost,
     NewerRecord,
@@ -79,7 +80,6 @@ from shardlease.telemetry import (
     Round,
     SelfFence,
     Telemetry,
-    log_events,
 )
 
 logger = logging.getLogger("shardlease.agent")
@@ -108,6 +108,17 @@ async def _say_ready(loop: PlacementLoop, run: asyncio.Task[None], checked: floa
     logger.info("ready: %.2fs after the store answered and the application listened "
                 "(%sthe application listened %.2fs later)",
                 time.monotonic() - listening, before, listening - checked)
+
+
+def agent_metrics(telemetry: Telemetry) -> CollectorRegistry:
+    """The registry an agent serves on /metrics (docs/metrics.md is made from
+    it): a registry per agent, not the process-wide one, since two agents in
+    one process (tests, an app embedding it) would register every metric twice."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    telemetry.subscribe(PrometheusMetrics(registry))
+    return registry
 
 
 class Agent:
@@ -139,13 +150,8 @@ class Agent:
         self.spec: ShardSetSpec | None = None
         self.loop: PlacementLoop | None = None
         self.telemetry = Telemetry()
-        self.telemetry.subscribe(log_events)
-        # A registry per agent, not the process-wide one: two agents in one
-        # process (tests, an app embedding it) would register every metric twice.
-        self.metrics = CollectorRegistry()
-        ProcessCollector(registry=self.metrics)
-        PlatformCollector(registry=self.metrics)
-        self.telemetry.subscribe(PrometheusMetrics(self.metrics))
+        self.telemetry.subscribe(EventLog())
+        self.metrics = agent_metrics(self.telemetry)
         self.telemetry.subscribe(self._collect_event)
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()

@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from shardlease.errors import ConfigError
+from shardlease.logs import add_log_options, setup_logging
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +28,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                        help="HTTP port for /healthz, /readyz, /metrics, /lookup, /drain")
     agent.add_argument("--host-url", help="override the ShardSet's host URL")
     agent.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
-    agent.set_defaults(func=_guarded(run_agent))
+    add_log_options(agent)
+    agent.set_defaults(func=_guarded(run_agent, _agent_context))
 
     op = sub.add_parser(
         "operator", help="the cluster operator (opt-in by annotation, sidecar injection)",
@@ -54,14 +56,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     # The older spelling (kopf's liveness URL): only its address and port count now.
     op.add_argument("--liveness", dest="http_url", help=argparse.SUPPRESS)
     op.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or $KUBECONFIG)")
-    op.set_defaults(func=_guarded(run_operator))
+    add_log_options(op)
+    op.set_defaults(func=_guarded(run_operator, lambda _: {}))
 
 
-def _guarded(command: Callable[[argparse.Namespace], int]
+def _agent_context(args: argparse.Namespace) -> dict[str, str]:
+    """The fields of every JSON record of an agent: it serves one pod of one ShardSet."""
+    context = {"shardset": args.shardset}
+    if args.name:
+        context["pod"] = args.name
+    return context
+
+
+def _guarded(command: Callable[[argparse.Namespace], int],
+             context: Callable[[argparse.Namespace], dict[str, str]]
              ) -> Callable[[argparse.Namespace], int]:
     """Logging set up, and a wrong option reported in one line (exit 2), no traceback."""
     def run(args: argparse.Namespace) -> int:
-        configure_logging()
+        setup_logging(args.log_format, args.log_level, context=context(args))
         try:
             return command(args)
         except ConfigError as e:
@@ -136,14 +148,6 @@ def run_operator(args: argparse.Namespace) -> int:
                   leader_election=election)
     asyncio.run(op.run())
     return 0
-
-
-def configure_logging(level: str = "info") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # kopf is chatty at INFO about every watch event; keep its warnings.
-    logging.getLogger("kopf").setLevel(max(logging.WARNING, getattr(logging, level.upper())))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shardlease.k8s.drain import DRAIN_PATH
+from shardlease.logs import DEFAULT_FORMAT, DEFAULT_LEVEL, LogFormat, LogLevel
 
 AGENT = "shardlease-agent"
 AGENT_PORT = 8470
@@ -48,6 +49,9 @@ class AgentConfig(BaseModel):
     image_pull_secrets: list[str] = Field(default_factory=list, alias="imagePullSecrets")
     #: None: decided from the API server's version (>= 1.29).
     native_sidecar: bool | None = Field(default=None, alias="nativeSidecar")
+    #: The agent's --log-format and --log-level (shardlease.logs).
+    log_format: LogFormat = Field(default=DEFAULT_FORMAT, alias="logFormat")
+    log_level: LogLevel = Field(default=DEFAULT_LEVEL, alias="logLevel")
 
     @field_validator("resources", mode="before")
     @classmethod
@@ -115,11 +119,19 @@ def agent_container(image: str, shardset: str, *, native: bool,
         {"name": "POD_IP", **field("status.podIP")},
     ]
     env += [e for e in config.env if e.get("name") not in {x["name"] for x in env}]
+    args = ["agent", "--shardset", shardset, "--port", str(AGENT_PORT)]
+    # Only what differs from the agent's defaults: a default install injects
+    # the container it always did, which an agent image older than these
+    # options (SHARDLEASE_AGENT_IMAGE pinned) still starts.
+    if config.log_format != DEFAULT_FORMAT:
+        args += ["--log-format", config.log_format]
+    if config.log_level != DEFAULT_LEVEL:
+        args += ["--log-level", config.log_level]
     container: dict[str, Any] = {
         "name": AGENT,
         "image": image,
         "imagePullPolicy": config.image_pull_policy,
-        "args": ["agent", "--shardset", shardset, "--port", str(AGENT_PORT)],
+        "args": args,
         "env": env,
         # UDP on the same number: hints between agents (shardlease.hints)
         # when the store has no watch (S3).

@@ -30,6 +30,8 @@ How the injected agent looks, on top of the chart's `agent` values:
     shardlease.io/agent-env-from-secret     "s3-creds,other"  (envFrom secretRef)
     shardlease.io/agent-env-from-configmap  "s3-config"       (envFrom configMapRef)
     shardlease.io/native-sidecar    "true" | "false"  (default: by server version)
+    shardlease.io/agent-log-format  text | json
+    shardlease.io/agent-log-level   debug | info | warning | error
     shardlease.io/drain-containers  "app,worker"  the containers that get the
                                     preStop drain (default: every container
                                     that is not a known sidecar)
@@ -48,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shardlease.errors import ConfigError
 from shardlease.k8s.inject import AgentConfig
+from shardlease.logs import LOG_FORMATS, LOG_LEVELS
 from shardlease.options import Options
 from shardlease.records import MAX_HOLD, MAX_LEASE_TTL, Renewal
 
@@ -59,7 +62,7 @@ KNOWN = {
     "inject", "agent-cpu-request", "agent-cpu-limit", "agent-memory-request",
     "agent-memory-limit", "agent-image-pull-policy", "agent-env-from-secret",
     "agent-env-from-configmap", "native-sidecar", "drain-containers",
-    "allow-default-service-account",
+    "allow-default-service-account", "agent-log-format", "agent-log-level",
 }
 BOOLEAN = ("inject", "native-sidecar", "allow-default-service-account")
 #: A Kubernetes quantity ("100m", "0.5", "128Mi", "1G").
@@ -227,6 +230,13 @@ def agent_config_from_annotations(sts: dict[str, Any], base: AgentConfig) -> Age
                         for n in _names(ours, "agent-env-from-configmap")]
     if "native-sidecar" in ours:
         config.native_sidecar = ours["native-sidecar"] == "true"
+    for key, field, allowed in (("agent-log-format", "log_format", LOG_FORMATS),
+                                ("agent-log-level", "log_level", LOG_LEVELS)):
+        if key in ours:
+            if ours[key] not in allowed:
+                raise ConfigError(f"{PREFIX}{key} must be {', '.join(allowed[:-1])} or "
+                                  f"{allowed[-1]}, not {ours[key]!r}")
+            setattr(config, field, ours[key])
     return config
 
 
