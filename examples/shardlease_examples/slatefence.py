@@ -75,6 +75,9 @@ CLAIM_ATTEMPTS = 10
 MAX_SMALL_BYTES = 4096
 #: Largest `/lease` body.
 MAX_LEASE_BYTES = 256 * 1024
+#: How long a close waits for the writes in flight to become durable (each
+#: then gets its answer) before it shuts SlateDB down under them.
+DRAIN_SECONDS = 5.0
 #: Reads see only what is durable in the object store: SlateDB's default
 #: also returns writes still in memory, which a crash or a fence may lose
 #: after a reader saw them.
@@ -315,6 +318,9 @@ class Shard:
     db: Any
     #: Set by close, abort and a fence: no new operation may start.
     closed: bool = False
+    #: Writes waiting for their durability, which a close lets finish.
+    writing: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 #: What an open/close record hook gets: event ("open", "close"), shard, generation.
@@ -477,6 +483,11 @@ class SlateShards:
 
     async def _shut(self, state: Shard) -> None:
         state.closed = True
+        if state.writing:
+            # A write that was put() is flushed by the shutdown anyway, but
+            # its await_durable() then fails and its client is left unsure.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.drained.wait(), DRAIN_SECONDS)
         await self._shut_db(state.number, state.generation, state.db)
         if self.open_shards.get(state.number) is state:
             del self.open_shards[state.number]
@@ -547,12 +558,22 @@ class SlateShards:
         is durable in the object store (never before): that generation."""
         state = self.acting(shard)
         db = state.db
+        state.writing += 1
+        state.drained.clear()
+        failure = None
         try:
             # put() succeeds even on a fenced writer: only durability tells.
             handle = await db.put(key, encode(value, state.generation))
             await handle.await_durable()
         except Error as e:
-            raise await self._failed(state, db, e, applied="unknown") from None
+            failure = e
+        finally:
+            state.writing -= 1
+            if not state.writing:
+                state.drained.set()
+        if failure is not None:
+            # (Out of the count first: a close waiting for it holds the lock.)
+            raise await self._failed(state, db, failure, applied="unknown")
         self._count("writes")
         return state.generation
 
@@ -579,10 +600,15 @@ class SlateShards:
         shard = state.number
         if not isinstance(error, Error.Closed):
             return Unavailable(f"shard {shard}: {error}", applied=applied, shard=shard)
+        fenced = error.reason == CloseReason.FENCED
         async with self._lock(shard):
-            if state.closed or state.db is not db:
-                pass  # another request dealt with it already
-            elif error.reason == CloseReason.FENCED and await self._holds_newest(state):
+            if state.closed and not fenced:
+                return Unavailable(f"shard {shard} was closed here during the request",
+                                   applied=applied, shard=shard)
+            if not state.closed and state.db is not db:
+                return Unavailable(f"shard {shard}: its writer was reopened; try again",
+                                   applied=applied, shard=shard)
+            if not state.closed and fenced and await self._holds_newest(state):
                 try:
                     await self._shut_db(shard, state.generation, db)
                     new = await self._writer(shard, state.generation)
@@ -603,15 +629,17 @@ class SlateShards:
                             shard, state.generation)
                 return Unavailable(f"shard {shard}: its writer was fenced by a late open and "
                                    "reopened; try again", applied=applied, shard=shard)
-            else:
+            if not state.closed:
                 await self._drop(state)
                 self._count("fences")
                 log.warning("shard %d: writer closed (%s); closed here at generation %d",
-                            shard, error.reason, state.generation)
+                            shard, error.reason.name, state.generation)
+        if not fenced:
+            return Unavailable(f"shard {shard}: its writer closed ({error.reason.name}); "
+                               "closed here", applied=applied, shard=shard)
         seen = await self.guard.read(shard)
         by = None if seen is None else seen.generation
-        return Fenced(f"shard {shard}: its writer was closed ({error.reason.name}), the "
-                      f"guard is at generation {by}; closed here", shard=shard,
+        return Fenced(f"shard {shard}: fenced by generation {by}; closed here", shard=shard,
                       generation=state.generation, fenced_by=by, applied=applied)
 
     async def _holds_newest(self, state: Shard) -> bool:

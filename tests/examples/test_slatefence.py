@@ -152,14 +152,20 @@ async def test_reads_are_refused_past_the_validity_and_after_a_newer_generation(
         await a.get(0, b"k")
 
 
-async def test_close_shuts_slatedb_down_and_the_next_owner_reads_every_acknowledged_write(
+async def test_close_lets_writes_finish_shuts_slatedb_down_and_the_next_owner_reads_them(
         make: Make) -> None:
     a, b = make(), make()
     await a.open(1, 1, 60)
     db = a.open_shards[1].db
     keys = [f"k{i}".encode() for i in range(20)]
-    assert await asyncio.gather(*(a.put(1, k, k + b"=v") for k in keys)) == [1] * 20
+    assert await asyncio.gather(*(a.put(1, k, k + b"=v") for k in keys[:10])) == [1] * 10
+    # Ten more in flight when the close comes: it lets them become durable
+    # (and be acknowledged) before it shuts SlateDB down.
+    in_flight = [asyncio.create_task(a.put(1, k, k + b"=v")) for k in keys[10:]]
+    await asyncio.sleep(0)
+    assert a.open_shards[1].writing == 10
     assert await a.close(1, 1) is True
+    assert await asyncio.gather(*in_flight) == [1] * 10
     assert a.log[-1] == ("close", 1, 1)
     # Shut down, not just forgotten: its writer refuses everything now.
     with pytest.raises(Error.Closed) as closed:
