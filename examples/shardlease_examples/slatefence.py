@@ -221,12 +221,15 @@ class GenerationGuard:
             response_checksum_validation="when_required")
         self._client: Any = None
         self._stack = contextlib.AsyncExitStack()
+        self._making = asyncio.Lock()
 
     async def _s3(self) -> Any:
-        if self._client is None:
-            self._client = await self._stack.enter_async_context(get_session().create_client(
-                "s3", region_name=self.bucket.region, endpoint_url=self.bucket.endpoint_url,
-                config=self._config))
+        async with self._making:  # (two first calls at once would make two clients)
+            if self._client is None:
+                self._client = await self._stack.enter_async_context(
+                    get_session().create_client(
+                        "s3", region_name=self.bucket.region,
+                        endpoint_url=self.bucket.endpoint_url, config=self._config))
         return self._client
 
     async def aclose(self) -> None:
