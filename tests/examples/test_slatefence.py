@@ -134,8 +134,7 @@ async def test_reads_are_refused_past_the_validity_and_after_a_newer_generation(
     a = make()
     await a.open(0, 1, 3.0)
     deadline = a.valid_until[0][1]
-    await a.put(0, b"k", b"v")
-    assert (await a.get(0, b"k")) is not None
+    assert await a.get(0, b"k") is None  # served: inside its validity
     await asyncio.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
     for attempt in (a.get(0, b"k"), a.put(0, b"k", b"late")):
         with pytest.raises(NotOpen) as refused:
@@ -144,6 +143,7 @@ async def test_reads_are_refused_past_the_validity_and_after_a_newer_generation(
     # A /lease of another generation does not revive it; one of its own does.
     assert not a.extend(0, 0, time.monotonic() + 60)
     assert a.extend(0, 1, time.monotonic() + 60)
+    await a.put(0, b"k", b"v")
     got = await a.get(0, b"k")
     assert got is not None and got.value == b"v"
     # The agent claimed generation 2 (its /lease says so): 1 is no longer current.
