@@ -432,7 +432,8 @@ class SlateShards:
             try:
                 await self._still_newest(shard, generation)
             except BaseException:
-                await self._shut_db(shard, generation, db)
+                with contextlib.suppress(ShardError):  # (the refusal is what to answer)
+                    await self._shut_db(shard, generation, db)
                 raise
             if not self.extend(shard, generation, until):
                 # Closed or aborted while it opened (the agent gave up on it).
@@ -618,7 +619,8 @@ class SlateShards:
                     try:
                         await self._still_newest(shard, state.generation)
                     except BaseException:
-                        await self._shut_db(shard, state.generation, new)
+                        with contextlib.suppress(ShardError):
+                            await self._shut_db(shard, state.generation, new)
                         raise
                 except ShardError as e:
                     await self._drop(state)
