@@ -83,6 +83,9 @@ class Fleet:
     shards: int
     ttl: float = 2.0
     cluster: str = "shardapp"
+    #: The application's module: the toy (shardapp) or the SlateDB one (slatekv),
+    #: which take the same options.
+    app: str = "shardlease_examples.shardapp"
     apps: dict[str, Proc] = field(default_factory=dict)
     app_urls: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Proc] = field(default_factory=dict)
@@ -100,7 +103,7 @@ class Fleet:
     def start_app(self, name: str, *extra: str) -> str:
         port = free_port()
         self.apps[name] = self._spawn("app", name, [
-            sys.executable, "-m", "shardlease_examples.shardapp", "--port", str(port),
+            sys.executable, "-m", self.app, "--port", str(port),
             "--bind", "127.0.0.1", "--store", self.app_store, "--shards", str(self.shards),
             "--parent-pid", str(os.getpid()), *extra])
         url = self.app_urls[name] = f"http://127.0.0.1:{port}"
