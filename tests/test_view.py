@@ -271,3 +271,41 @@ def test_a_free_kept_from_every_node_holds_off_a_restarted_node_too(
     if 2 in view.idle and 2 in view.damaged:
         view.attribute([2], {2: stored}, keepers, now, since=0.0)
     assert view.claimable(2, stored, now) is claimable
+
+
+def record(owner: str | None, generation: int, version: str,
+           incarnation: str | None = "i1") -> Stored[Lease]:
+    return Stored(version, Lease(cluster="c", shard=2, owner=owner, generation=generation,
+                                 incarnation=incarnation if owner else None, write_id=version,
+                                 ttl=TTL, renewal="node"))
+
+
+@pytest.mark.parametrize(("after", "keepers", "now", "claimable", "blind"), [
+    (record(None, 3, "v2"), [epoch([2], node="b")], 12.1 + TTL, False, True),
+    (record(None, 3, "v2"), [], 12.1 + TTL, True, True),
+    (record(None, 3, "v2"), [], 12.0 + TTL, False, True),
+    (record(None, 1, "v2"), None, 12.1 + TTL, False, True),
+    (record("c", 1, "v2"), [epoch([2], node="b")], 12.1 + TTL, False, True),
+    (record(None, 4, "v2"), None, 12.0, True, False),
+    (record("b", 3, "v2"), None, 12.0, False, False),
+], ids=[
+    "freed at its generation by a node that never saw it: not while b's epoch keeps it",
+    "...claimable once no live epoch keeps it, a TTL after it came",
+    "...not a moment before",
+    "claimed and freed at 1 by a node that never saw it: not while the epochs are unread",
+    "claimed by such a node: judged by the epochs too, not by its owner's",
+    "freed above the generation that vanished: a release like any other",
+    "b's own record written back: b's again, kept by its live epoch",
+])
+def test_a_record_written_where_this_node_saw_one_deleted(
+        after: Stored[Lease], keepers: list[Epoch] | None, now: float, claimable: bool,
+        blind: bool) -> None:
+    """Issue 38, family B through a blind claim (regression seed-3245220484)."""
+    view = make_view()
+    view.observe({2: record("b", 3, "v1")}, 4, 0.0, ())
+    view.observe({}, 4, 10.0, ())  # deleted: b may keep it by its epoch unseen
+    view.observe({2: after}, 4, 12.0, ())
+    view.observe({2: after}, 4, now, ())
+    if 2 in view.idle and 2 in view.damaged:
+        view.attribute([2], {2: after}, keepers, now, since=0.0)
+    assert (2 in view.vanished, view.claimable(2, after, now)) == (blind, claimable)

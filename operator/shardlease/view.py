@@ -21,6 +21,7 @@ from shardlease.epochs import EpochKey, EpochWatch
 from shardlease.errors import CorruptRecord
 from shardlease.observed import MISSING, Observed
 from shardlease.records import MAX_HOLD, Epoch, Lease, Stored, decode_shards
+from shardlease.stores.base import VANISHED
 from shardlease.telemetry import CorruptLease, NewerRecord, Telemetry
 
 logger = logging.getLogger("shardlease.loop")
@@ -78,6 +79,9 @@ class LeaseView:
         #: The longest TTL a record said, of any shard, since this node
         #: started (`refusal_wait`).
         self.longest_ttl = 0.0
+        #: Shards whose record this node saw deleted while it knew a
+        #: generation, with that generation (`_blind`).
+        self.vanished: dict[int, int] = {}
 
     def known_generations(self, generations: Mapping[int, int]) -> None:
         """Generations known from outside this store (what was published of
@@ -125,7 +129,8 @@ class LeaseView:
             if stored is None:
                 free.append(shard)
                 self.seen.missing(shard, now)
-                if self.max_generation.get(shard, 0) > 0:
+                if (known := self.max_generation.get(shard, 0)) > 0:
+                    self.vanished[shard] = max(known, self.vanished.get(shard, 0))
                     # Known to have existed (deleted): judged like a damaged
                     # record, by the epochs (`attribute`), since a node-mode
                     # owner may keep it by its epoch without seeing it gone.
@@ -139,13 +144,25 @@ class LeaseView:
             if fresh and self.seen.see(shard, stored.version, now, stored.record):
                 self._report(shard, stored)
             if (rec := stored.record) is not None:
+                blind = self._blind(shard, rec)
                 if fresh:
                     self.max_generation[shard] = max(rec.generation,
                                                      self.max_generation.get(shard, 0))
-                    self.readable[shard] = rec
                     self.longest_ttl = max(self.longest_ttl, rec.ttl)
-                    self.attributed.pop(shard, None)
+                    if not blind:
+                        self.readable[shard] = rec
+                        self.attributed.pop(shard, None)
                 owners[shard] = self._owner_of(shard, rec)
+                if blind:
+                    # Judged as the deleted record it replaced was: by the
+                    # epochs, never while one that may keep it lives.
+                    damaged.add(shard)
+                    if rec.owner is None:
+                        free.append(shard)
+                    seen = self.seen.get(shard)
+                    if seen is not None and now - seen.since > ttl:
+                        idle.append(shard)
+                    continue
                 if rec.renewal == "node" and rec.owner is not None \
                         and (rec.owner, rec.incarnation or "") in self.epochs.ended:
                     # Its epoch is over (ended by its owner's stop, or taken
@@ -170,6 +187,10 @@ class LeaseView:
                     continue
             elif stored.newer_format is None:
                 damaged.add(shard)
+                if stored.version.startswith(VANISHED) and stored.generation:
+                    # Deleted after this node's store saw it held.
+                    self.vanished[shard] = max(stored.generation,
+                                               self.vanished.get(shard, 0))
             seen = self.seen.get(shard)
             if seen is not None and now - seen.since > ttl:
                 idle.append(shard)
@@ -184,6 +205,28 @@ class LeaseView:
         self.owners, self.last, self.named, self.free, self.idle = (
             owners, leases, named, free, idle)
         self.damaged = damaged
+
+    def _blind(self, shard: int, rec: Lease) -> bool:
+        """Whether a record written where this node saw one deleted is a blind
+        one: at no higher generation than the deleted record had, and not
+        written back by the owner that record named. A node that never saw
+        the deleted record (a joiner, a restarted node) claims it missing at
+        generation 1, and may free it before it opens (a release, a stop):
+        a free that its owner, who may keep the shard by its epoch without
+        seeing its record gone, never wrote (issue 38, family B through a
+        blind claim; regression seed-3245220484). So it is judged as the
+        deleted record was, by the epochs, until a record above that
+        generation or the owner's own comes."""
+        vanished = self.vanished.get(shard)
+        if vanished is None:
+            return False
+        last = self.readable.get(shard)
+        if rec.generation > vanished or (
+                last is not None and rec.owner is not None
+                and (rec.owner, rec.incarnation) == (last.owner, last.incarnation)):
+            del self.vanished[shard]
+            return False
+        return True
 
     def _report(self, shard: int, stored: Stored[Lease]) -> None:
         if stored.newer_format is not None:
@@ -229,6 +272,8 @@ class LeaseView:
         if stored.newer_format is not None:
             return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
+        if rec is not None and shard in self.vanished:
+            return self._damaged_claimable(shard, stored, rec, now)
         if rec is not None and rec.owner is None:
             if rec.hold <= 0 or (rec.reserved_for is not None and rec.reserved_for == self.name):
                 return True
@@ -252,23 +297,29 @@ class LeaseView:
             return True  # ours, dropped after a fence: nobody else can hold it
         if rec is not None and rec.renewal == "node":
             return self.epochs.over(rec, now)
+        if rec is None:
+            return self._damaged_claimable(shard, stored, rec, now)
+        seen = self.seen.get(shard)
+        return seen is not None and now - seen.since > max(self.ttl(), rec.ttl)
+
+    def _damaged_claimable(self, shard: int, stored: Stored[Lease], rec: Lease | None,
+                           now: float) -> bool:
+        """A damaged record (or a blind one, `_blind`): once seen unchanged for
+        a TTL, never while an epoch that may keep it lives (its owner may not
+        see the damage), and only as `attribute` judged it."""
         seen = self.seen.get(shard)
         # A damaged record says no TTL: the last one it said, if this node
         # saw it readable (its owner renews at that pace, and may still be
         # valid for that long: a TTL changed in place differs across nodes).
         last = self.readable.get(shard)
-        ttl = max(self.ttl(), rec.ttl if rec is not None else last.ttl if last is not None
-                  else 0.0)
+        ttl = max(self.ttl(), rec.ttl if rec is not None else 0.0,
+                  last.ttl if last is not None else 0.0)
         if seen is None or now - seen.since <= ttl:
             return False
-        if rec is None:
-            # Damaged: never while an epoch that may keep it lives (its owner
-            # may not see the damage), and only as `attribute` judged it.
-            kept = self.kept_by_epoch(shard)
-            if kept is not None and not self.epochs.over(kept, now):
-                return False
-            return self.unkept.get(shard) == stored.version
-        return True
+        kept = self.kept_by_epoch(shard)
+        if kept is not None and not self.epochs.over(kept, now):
+            return False
+        return self.unkept.get(shard) == stored.version
 
     def _missing_claimable(self, shard: int, now: float) -> bool:
         """A shard with no record: never written, or deleted (by hand, a tool,

@@ -733,7 +733,43 @@ REGRESSIONS += [
 
 #: Found or made cases whose bug is known and not fixed yet: each must still
 #: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
-PENDING: list[Regression] = []
+PENDING: list[Regression] = [
+    Regression(
+        "seed-143",
+        "garbage,lost_answers,refusal,store_all: (a) shard 0: open on j0 (generation 2) at "
+        "26.690 while still open on n0 (generation 1, deadline 38.7) until 38.731. Found by "
+        "the swarm property test (a random seed, 2026-12-07), on the code before this "
+        "session's work too. Family C for a node that never saw the record: the TTL is cut "
+        "from 30 to 6 at 11.8; n0's last renewal landed at 10.73 with TTL 30, and its lease "
+        "writes fail from 15.8; the record is deleted at 15.8, when j0 joins; j0 claims it "
+        "missing at 1, is refused as outdated, and waits the longest TTL it has seen (its "
+        "own 6 s: it never saw a record saying 30), then opens 2 at 26.69. Open: a node that "
+        "never saw the owner's record has no source of the TTL the owner holds by (one "
+        "design: shard-mode heartbeats carry the longest TTL their node's leases landed with, "
+        "read afresh on a refusal as the epochs are for a damaged record)",
+        SwarmCase(nodes=2, shards=1, seed=68243368, lease_ttl=30.0, interval=4.0, margin=2.0,
+                  max_concurrency=16, renewal="shard", faults=(
+                      Reconfigure(at=11.8, node=None, changes=(
+                          ("lease_ttl", 6.0), ("interval", None), ("margin", None))),
+                      StoreFault(at=15.8, until=75.8, node="n0", error_rate=1.0,
+                                 calls=frozenset({"update_lease", "create_lease"})),
+                      Corrupt(at=15.8, shard=0, how="deleted"),
+                      Join(at=15.8, node="j0", wall_skew=0.0),
+                      StoreFault(at=15.8, until=36.8, node="n1", latency=0.6, jitter=0.9,
+                                 error_rate=1.0, lost_reply_rate=0.1),
+                      StoreFault(at=18.0, until=27.0, node=None, lost_reply_rate=0.7),
+                      StoreFault(at=20.6, until=80.6, node="n1", error_rate=1.0,
+                                 lost_reply_rate=0.1),
+                      Reconfigure(at=79.5, node=None, changes=(
+                          ("lease_ttl", 6.0), ("interval", None), ("margin", None))),
+                      StoreFault(at=83.5, until=143.5, node="n0", error_rate=1.0,
+                                 calls=frozenset({"update_lease", "create_lease"})),
+                      Corrupt(at=83.5, shard=0, how="deleted"),
+                      Join(at=83.5, node="j0", wall_skew=0.0),
+                      Corrupt(at=90.0, shard=0, how="garbage")),
+                  kinds=("garbage", "lost_answers", "refusal", "store_all"), origin=143,
+                  hints=Hints(drop=0.0, delay=6.0))),
+]
 
 
 def _aborted_while_closes_fail(renewal: Renewal) -> Regression:
@@ -1026,6 +1062,68 @@ REGRESSIONS += [
                   kinds=("refusal",), origin=3128131752, hints=Hints(drop=0.0, delay=0.0))),
 ]
 
+REGRESSIONS += [
+    Regression(
+        "seed-3245220484",
+        "refusal: (a) shard 17: open on j1 (generation 2) at 164.087 while still open on n5 "
+        "(generation 1, deadline 215.5) until 187.634. Family B through a blind claim, found by "
+        "the swarm (the explorer, node mode, refusal kind): n5 keeps 17 by its live epoch, its "
+        "listings stale and its lease calls failing; the record is deleted at 127.4; n2's next "
+        "incarnation, which never saw it, claims it missing at generation 1 at 139.0 and frees "
+        "it before it opens; j1, which had judged the deleted record n5's, took that free "
+        "for a release and claimed it at once",
+        SwarmCase(nodes=6, shards=60, seed=1246223333, lease_ttl=30.0, interval=None, margin=None,
+                  max_concurrency=1, renewal="node", faults=(
+                      Corrupt(at=40.0, shard=56, how='deleted'),
+                      Join(at=40.0, node='j1', wall_skew=0.0),
+                      Leave(at=55.0, node='n1', hold=3.0),
+                      Join(at=56.5, node='n1', wall_skew=0.0),
+                      Leave(at=65.0, node='n0', hold=18.0),
+                      Leave(at=65.0, node='n4', hold=18.0),
+                      Join(at=74.0, node='n0', wall_skew=0.0),
+                      Join(at=74.0, node='n4', wall_skew=0.0),
+                      Leave(at=80.0, node='n3', hold=18.0),
+                      Join(at=83.6, node='n3', wall_skew=0.0),
+                      Reconfigure(at=104.6, node=None, changes=(('lease_ttl', 9.0), ('interval',
+                          None), ('margin', None))),
+                      StoreFault(at=114.6, until=174.6, node='n4', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'update_lease',
+                          'create_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=114.6, shard=15, how='deleted'),
+                      Corrupt(at=116.6, shard=50, how='deleted'),
+                      Join(at=116.6, node='j0', wall_skew=0.0),
+                      HostFault(at=116.6, until=176.6, node=None, open_latency=20.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      StoreFault(at=116.6, until=176.6, node='n4', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=116.6, until=176.6, node='n4', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'get_lease',
+                          'update_lease', 'create_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      Join(at=117.6, node='j0', wall_skew=0.0),
+                      Join(at=121.6, node='j0', wall_skew=0.0),
+                      Corrupt(at=127.4, shard=17, how='deleted'),
+                      StoreFault(at=127.4, until=187.4, node='n5', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=127.4, until=187.4, node='n5', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'get_lease',
+                          'update_lease', 'create_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      Join(at=130.4, node='j1', wall_skew=0.0),
+                      Leave(at=132.4, node='n2', hold=18.0),
+                      Join(at=136.0, node='n2', wall_skew=0.0),
+                      Leave(at=137.4, node='n4', hold=9.0),
+                      Join(at=141.9, node='n4', wall_skew=0.0)),
+                  kinds=("refusal",), origin=3245220484, hints=Hints(drop=0.9, delay=3.0))),
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-PENDING_KINDS: tuple[str, ...] = ()
+#: ("refusal": seed-143, a TTL cut, a deleted record and a joiner that never
+#: saw it. Left out of the random swarm until it is fixed; the refusal
+#: kind's regressions above and the mutants that name `--kinds refusal`
+#: still run.)
+PENDING_KINDS: tuple[str, ...] = ("refusal",)
