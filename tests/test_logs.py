@@ -206,6 +206,10 @@ def fresh_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     quiet = {name: logging.getLogger(name).level for name in ("botocore", "kopf")}
+    # An earlier test that ran the CLI in this process left the capture on,
+    # holding the showwarning pytest had then: captureWarnings(True) would
+    # keep that one (the rest group's order, tests/test_cli.py first).
+    logging.captureWarnings(False)
     try:
         yield
     finally:
