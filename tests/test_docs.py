@@ -419,8 +419,8 @@ def test_every_command_shown_exists_with_its_options() -> None:
     programs = {"shardlease": build_parser(), "kubectl shardlease": plugin_parser()}
     shown = shown_commands()
     assert len(shown) >= 30, shown  # (the pattern still reads the docs)
-    assert {("kubectl shardlease", w[0]) for _, p, w in shown if p == "kubectl shardlease"
-            and not w[0].startswith("-")} >= {("kubectl shardlease", "owners")}
+    assert {w[0] for _, p, w in shown if p == "kubectl shardlease" and w} >= {
+        "owners", "lookup", "describe"}
     wrong = []
     for doc, program, words in shown:
         top = programs[program]
