@@ -482,7 +482,17 @@ def _terminate(pid: int, expect: str, timeout: float = 15.0) -> None:
     """SIGTERM pid (only if its command line contains `expect`), then SIGKILL."""
     if not _alive(pid):
         return
-    if expect not in (cmdline := _cmdline(pid)):
+    cmdline = _cmdline(pid)
+    for _ in range(20):
+        # Read empty once, of a live `sleep` a test had just started and
+        # whose pid file named it (a warm fresh-clone run at b5da602, rest
+        # group under load): a process's command line is never empty, so an
+        # empty read is looked at again rather than taken for another's.
+        if cmdline or not _alive(pid):
+            break
+        time.sleep(0.05)
+        cmdline = _cmdline(pid)
+    if expect not in cmdline:
         # The pid may be another process's now; said, since a daemon left
         # running when its stop returned is otherwise a mystery.
         print(f"[controlplane] not stopping pid {pid}: its command line {cmdline!r} "

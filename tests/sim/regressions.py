@@ -1120,6 +1120,56 @@ REGRESSIONS += [
                   kinds=("refusal",), origin=3245220484, hints=Hints(drop=0.9, delay=3.0))),
 ]
 
+REGRESSIONS += [
+    Regression(
+        "seed-2438274690",
+        "refusal: (b) shard 12: j0 asked to open generation 1 at 23.780 after n2#1 opened "
+        "generation 2 at 17.600. A false alarm of check (b), found by the explorer: n2#1 "
+        "claimed 2 at 9.6, the record was deleted at 11.5, and its open, queued behind slow "
+        "ones, was asked at 17.6: the record never showed 2 again, so j0, which never saw "
+        "it, asked 1 and was refused, as designed. (b) now ends the loss only with a claim "
+        "written after it",
+        SwarmCase(nodes=4, shards=40, seed=2704890983, lease_ttl=6.0, interval=None, margin=None,
+                  max_concurrency=1, renewal="node", faults=(
+                      Corrupt(at=5.9, shard=20, how='deleted'),
+                      Corrupt(at=5.9, shard=29, how='deleted'),
+                      Corrupt(at=5.9, shard=30, how='deleted'),
+                      HostFault(at=5.9, until=17.9, node=None, open_latency=4.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Join(at=6.5, node='j1', wall_skew=0.0),
+                      Leave(at=7.9, node='n3', hold=0.6),
+                      Join(at=7.9, node='j1', wall_skew=0.0),
+                      Join(at=7.9, node='j1', wall_skew=0.0),
+                      Join(at=7.9, node='j1', wall_skew=0.0),
+                      Join(at=8.2, node='n3', wall_skew=0.0),
+                      Leave(at=8.9, node='n2', hold=3.6),
+                      Reconfigure(at=9.5, node=None, changes=(('lease_ttl', 6.0), ('interval',
+                          None), ('margin', None))),
+                      Join(at=9.6, node='n2', wall_skew=0.0),
+                      Corrupt(at=10.4, shard=13, how='deleted'),
+                      HostFault(at=10.4, until=22.4, node=None, open_latency=2.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      StoreFault(at=10.4, until=22.4, node='n2', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=10.4, until=22.4, node='n2', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'get_lease', 'update_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      Corrupt(at=10.8, shard=27, how='deleted'),
+                      StoreFault(at=11.5, until=23.5, node=None, latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=11.5, shard=12, how='deleted'),
+                      Leave(at=12.8, node='n3', hold=1.8),
+                      Join(at=13.2, node='n3', wall_skew=0.0),
+                      Join(at=13.4, node='j0', wall_skew=0.0),
+                      Join(at=13.5, node='j1', wall_skew=0.0)),
+                  kinds=("refusal",), origin=2438274690, hints=Hints(drop=0.3, delay=3.0))),
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
 #: ("refusal": seed-143, a TTL cut, a deleted record and a joiner that never

@@ -93,6 +93,25 @@ def test_a_refused_ask_after_a_lost_generation_is_no_violation_even_past_a_slow_
     assert check_generations(reached)[0].startswith("(b) shard 0")
 
 
+def test_an_open_asked_after_the_loss_on_a_claim_from_before_leaves_it_lost() -> None:
+    # a claimed 2 before the record was deleted (at 1.0), and its open, queued
+    # behind a slow one, was asked only after: the record never showed 2
+    # again. j, which never saw it, asks 1: the application refuses it, as
+    # designed (explorer seed 2438274690 took it for a generation going back).
+    queued = [*owned("z", 0, 1, -5.0, 0.0, close_at=-1.0),
+              ev(0.0, "a", "deadline", 0, 2, 5.0, "claim"),
+              ev(1.0, "*", "corrupted", 0, -1, detail="deleted"),
+              ev(2.0, "a", "open_call", 0, 2), ev(3.0, "a", "open_ok", 0, 2),
+              ev(30.0, "j", "open_call", 0, 1), ev(30.0, "j", "open_err", 0, 1, 2.0, "outdated")]
+    assert check_generations(queued) == []
+    # Opened by the application, it is one.
+    accepted = [*queued[:-1], ev(30.0, "j", "open_ok", 0, 1)]
+    assert check_generations(accepted)[0].startswith("(b) shard 0")
+    # And a claim written after the loss puts the generation back in the record.
+    claimed = [*queued[:7], ev(1.5, "a", "deadline", 0, 2, 5.0, "claim"), *queued[7:]]
+    assert check_generations(claimed)[0].startswith("(b) shard 0")
+
+
 def test_an_open_completing_after_its_deadline_is_caught() -> None:
     trace = [ev(0.0, "a", "deadline", 0, 1, 5.0), ev(0.0, "a", "open_call", 0, 1),
              ev(6.0, "a", "open_ok", 0, 1)]

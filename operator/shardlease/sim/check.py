@@ -198,8 +198,9 @@ def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
     #: after the loss: an open asked before it and done after it was asked
     #: with a generation the record still showed), and when it was lost.
     lost: dict[int, int] = {}
-    #: (node, shard) -> the trace index of its open in progress.
-    calls: dict[tuple[str, int], int] = {}
+    #: (node, shard) -> the trace index of its last claim: the write that
+    #: put its generation in the record.
+    claims: dict[tuple[str, int], int] = {}
     #: (node, shard) -> the problem an ask after such a loss is, if it opens.
     asked: dict[tuple[str, int], str] = {}
     #: Per shard, the highest generation a host opened (not just was asked).
@@ -208,17 +209,21 @@ def check_generations(trace: Sequence[TraceEvent]) -> list[str]:
         match ev.kind:
             case "corrupted" if ev.generation < 0:
                 lost[ev.shard] = i
+            case "deadline" if ev.detail == "claim":
+                claims[(ev.node, ev.shard)] = i
             case "open_ok":
                 opened[ev.shard] = max(ev.generation, opened.get(ev.shard, -1))
-                if calls.pop((ev.node, ev.shard), -1) > lost.get(ev.shard, len(trace)):
+                # The record shows the generation again only if the claim of
+                # this open was written after the loss: an open asked after
+                # it on a claim from before (a queued open of a node blind to
+                # the deletion) leaves it lost (explorer seed 2438274690).
+                if claims.get((ev.node, ev.shard), -1) > lost.get(ev.shard, len(trace)):
                     del lost[ev.shard]
                 if (problem := asked.pop((ev.node, ev.shard), None)) is not None:
                     problems.append(problem)
             case "open_err" | "open_cancel":
-                calls.pop((ev.node, ev.shard), None)
                 asked.pop((ev.node, ev.shard), None)
             case "open_call":
-                calls[(ev.node, ev.shard)] = i
                 prev = last.get(ev.shard)
                 if prev is None or ev.generation > prev[0]:
                     last[ev.shard] = (ev.generation, ev.node, ev.t)
