@@ -101,6 +101,10 @@ def late_store(history: list[Seen], shard: int, fenced_at: float,
 NO_ANSWER = re.compile(r"no answer within ([0-9.]+)s")
 
 
+#: How soon after a fence the renewal that ended in it is reported.
+REPORTED_WITHIN = 0.5
+
+
 def given_time(logged: list[dict[str, Any]], shard: int, fenced_at: float,
                latency: float) -> float | None:
     """The budget of a renewal of `shard` that failed unanswered in the TTL
@@ -109,8 +113,10 @@ def given_time(logged: list[dict[str, Any]], shard: int, fenced_at: float,
     what made it late lay past the loop (the proxy, the store, or the node's
     process starved of CPU). None if no such renewal failed."""
     for e in logged:
+        # (The loop says a renewal failed once it gave up on it, with the
+        # fence: just after it, a warm fresh-clone run at b5da602 showed.)
         if (e.get("event") == "renew_failed" and shard in e.get("shards", ())
-                and fenced_at - TTL <= float(e["ts"]) <= fenced_at
+                and fenced_at - TTL <= float(e["ts"]) <= fenced_at + REPORTED_WITHIN
                 and (m := NO_ANSWER.search(str(e.get("error", ""))))
                 and float(m.group(1)) >= latency + STORE_SLACK):
             return float(m.group(1))
@@ -256,6 +262,10 @@ def test_one_slow_node_keeps_its_shards_and_nobody_overlaps(
     ("renewal of shard 7: no answer within 0.95s", (7,), 1.0, None),
     ("renewal of shard 7: no answer within 1.4s", (3,), 1.0, None),
     ("renewal of shard 7: no answer within 1.4s", (7,), TTL + 0.5, None),
+    # reported with the fence, just after it
+    ("renewal of shard 9: no answer within 1.14s", (4, 7, 9), -0.03, 1.14),
+    # the next batch's retry, given what was left: not the renewal fenced
+    ("renewal of shard 7: no answer within 1.4s", (7,), -1.06, None),
     ("renewal of shard 7: 503 SlowDown", (7,), 1.0, None),
 ])
 def test_a_fence_is_put_past_the_loop_only_by_a_renewal_given_time_enough(
