@@ -151,7 +151,14 @@ async def _process_run(workdir: Path, ttl: float, shards: int, nodes: int,
         lost = [r.shard for r in rows if r.owner == victim]
         killed_at = demo.kill(victim)
         await demo.wait_balanced(store, "after kill -9")
+        # The store is balanced once the claims land; a host records its
+        # open a moment later (a loaded machine: "not recovered" in a warm
+        # fresh-clone run at b5da602), so the opens are waited for too.
         failover = recovery_after(load_events(demo.records), victim, killed_at, lost)
+        give_up = time.monotonic() + 3 * ttl
+        while failover is None and time.monotonic() < give_up:
+            await asyncio.sleep(ttl / 20)
+            failover = recovery_after(load_events(demo.records), victim, killed_at, lost)
         await asyncio.sleep(ttl / 3)
         joined_at = time.time()
         demo.start(victim)
