@@ -824,6 +824,43 @@ PENDING: list[Regression] = [
                       Leave(at=71.3, node='n1', hold=4.5),
                       Join(at=72.2, node='n1', wall_skew=0.0)),
                   kinds=("refusal",), origin=123095345)),
+    Regression(
+        "seed-1851953618",
+        "refusal: (a) shard 0: open on j1 (generation 2) at 83.954 while still open on n0 "
+        "(generation 1, deadline 102.2) until 102.240. The shard-mode twin of seed-123095345 "
+        "(the explorer, 2026-12-07): n0's listings stale and its lease calls failing, its "
+        "deadline still 102.2; the record is deleted at 47.7, when j0 joins; j0 claims it "
+        "missing at 1 and frees it before its open (queued behind a 20 s one); j1, which "
+        "joined after the deletion, claims that free at 2",
+        SwarmCase(nodes=2, shards=4, seed=200439945, lease_ttl=90.0, interval=10.0, margin=5.0,
+                  max_concurrency=1, renewal="shard", faults=(
+                      Corrupt(at=23.9, shard=3, how='deleted'),
+                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'get_lease',
+                          'update_lease', 'create_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      Corrupt(at=43.5, shard=3, how='deleted'),
+                      HostFault(at=43.5, until=103.5, node=None, open_latency=5.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Corrupt(at=47.7, shard=0, how='deleted'),
+                      Join(at=47.7, node='j0', wall_skew=0.0),
+                      HostFault(at=47.7, until=107.7, node=None, open_latency=20.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Join(at=48.5, node='j0', wall_skew=0.0),
+                      Join(at=62.7, node='j1', wall_skew=0.0),
+                      Leave(at=63.9, node='n1', hold=0.0),
+                      Join(at=64.9, node='n1', wall_skew=0.0),
+                      Corrupt(at=237.9, shard=0, how='deleted'),
+                      HostFault(at=237.9, until=297.9, node=None, open_latency=20.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Join(at=252.9, node='j1', wall_skew=0.0)),
+                  kinds=("refusal",), origin=1851953618, hints=Hints(drop=0.3, delay=3.0))),
 ]
 
 
@@ -1227,8 +1264,8 @@ REGRESSIONS += [
 
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-#: ("refusal": seed-143 and seed-123095345, a deleted record and joiners that
-#: never saw it. Left out of the random swarm until they are fixed; the refusal
+#: ("refusal": seed-143, seed-123095345 and seed-1851953618, a deleted record
+#: and joiners that never saw it. Left out of the random swarm until they are fixed; the refusal
 #: kind's regressions above and the mutants that name `--kinds refusal`
 #: still run.)
 PENDING_KINDS: tuple[str, ...] = ("refusal",)
