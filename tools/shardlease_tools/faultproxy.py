@@ -31,6 +31,7 @@ Used by `shardlease bench` (in its own event loop) and by the tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import threading
@@ -226,8 +227,9 @@ class FaultProxy:
         if length is not None:
             head = web.StreamResponse(status=status, headers=out)
             head.content_length = int(length)
-            await head.prepare(request)
-            await head.write_eof()
+            with contextlib.suppress(ConnectionError):  # its client hung up
+                await head.prepare(request)
+                await head.write_eof()
             return head
         return web.Response(status=status, body=data, headers=out)
 

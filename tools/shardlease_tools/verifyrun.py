@@ -367,7 +367,7 @@ class Run:
             return
         pair = self.pairs[rng.choice(up)]
         if kind == "kill":
-            downtime = rng.uniform(1.0, 2.0) * ttl
+            downtime = rng.uniform(0.5, 1.0) * ttl
             self.say(f"fault kill: kill -9 {pair.name} (node and app), restart after "
                      f"{downtime:.1f}s")
             await self.kill(pair)
@@ -375,7 +375,7 @@ class Run:
             await self.start_pair(http, pair.name)
             self.say(f"  {pair.name} restarted")
         elif kind == "pause":
-            length = rng.uniform(1.5, 2.5) * ttl
+            length = rng.uniform(1.3, 1.8) * ttl
             assert pair.node is not None
             self.say(f"fault pause: SIGSTOP node {pair.name} for {length:.1f}s "
                      f"(lease TTL {ttl:g}s)")
