@@ -49,7 +49,7 @@ def verify(tmp_path: Path, *args: str, pythonpath: Path | None = None
 def test_verify_runs_the_slatedb_application_under_every_fault(
         tmp_path: Path, seed: int, store: str) -> None:
     code, out, verdict = verify(tmp_path, "--store", store, "--nodes", "3", "--shards", "6",
-                                "--faults", ",".join(KINDS), "--seconds", "20",
+                                "--faults", ",".join(KINDS), "--seconds", "15",
                                 "--seed", str(seed))
     for kind in KINDS:
         assert f"fault {kind}:" in out, (kind, out)
@@ -73,6 +73,6 @@ def test_verify_catches_a_write_acknowledged_before_it_is_durable(tmp_path: Path
                    capture_output=True, timeout=60)
     assert "MUTANT" in (copy / "shardlease_examples" / "slatefence.py").read_text()
     code, out, verdict = verify(tmp_path, "--nodes", "2", "--shards", "4", "--faults", "kill",
-                                "--seconds", "15", "--seed", "5", pythonpath=copy)
+                                "--seconds", "10", "--seed", "5", pythonpath=copy)
     assert code == 1, out
     assert verdict.group(3) != "yes" or verdict.group(4) != "0", out
