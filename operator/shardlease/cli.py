@@ -550,7 +550,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seconds", type=float, default=30.0, help="how long the clients run (30)")
     run.add_argument("--seed", type=int, help="the fault schedule's seed (default: random)")
     run.add_argument("--clients", type=int, default=8, help="concurrent clients (8)")
-    run.add_argument("--lease-ttl", type=float, default=2.0, help="the nodes' lease TTL (2)")
+    run.add_argument("--lease-ttl", type=float, default=6.0,
+                     help="the nodes' lease TTL (6: SlateDB's open and close take seconds "
+                          "on a busy machine, and a close that outlasts the lease is the "
+                          "agent's overrun)")
     run.add_argument("--dir", metavar="DIR",
                      help="where the history, the open records and the logs go (default: a "
                           "new directory under the temporary directory)")
