@@ -344,6 +344,8 @@ class SlateShards:
     record: Recorder | None = None
     #: Keep the agent's validity deadlines (False: rely on SlateDB alone, for comparison).
     enforce_validity: bool = True
+    #: Shut a shard's writer down when its validity runs out unextended.
+    close_on_expiry: bool = True
     open_shards: dict[int, Shard] = field(default_factory=dict)
     #: shard -> the highest generation closed (or aborted) here: later opens of it are late.
     closed_at: dict[int, int] = field(default_factory=dict)
@@ -358,6 +360,7 @@ class SlateShards:
         self._store = self.bucket.object_store()
         self._locks: dict[int, asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._watchdogs: set[asyncio.Task[None]] = set()
 
     def _count(self, what: str) -> None:
         self.stats[what] = self.stats.get(what, 0) + 1
@@ -442,6 +445,10 @@ class SlateShards:
                                "its open", shard=shard, generation=generation,
                                highest=max(generation, self.closed_at.get(shard, 0)))
             state = self.open_shards[shard] = Shard(shard, generation, db)
+            if self.close_on_expiry and until != math.inf:
+                watchdog = asyncio.create_task(self._expiry(state))
+                self._watchdogs.add(watchdog)
+                watchdog.add_done_callback(self._watchdogs.discard)
             self._count("opens")
             log.info("opened shard %d at generation %d", shard, generation)
             return state
@@ -533,6 +540,37 @@ class SlateShards:
         self._count("aborts")
         return True
 
+    async def _expiry(self, state: Shard) -> None:
+        """Shut `state`'s writer down once its validity has run out without
+        being extended (the agent paused, or cut off from the store): its
+        lease may then be taken, and the next owner should open a closed
+        database, not fence a live one. Counted as a close here; the agent's
+        own close, if it comes, finds nothing open."""
+        while True:
+            known = self.valid_until.get(state.number)
+            if state.closed or self.open_shards.get(state.number) is not state:
+                return
+            if known is None or known[0] != state.generation:
+                deadline = time.monotonic()
+            else:
+                deadline = known[1]
+            if deadline == math.inf:
+                return
+            if time.monotonic() < deadline:
+                await asyncio.sleep(deadline - time.monotonic() + 0.01)
+                continue
+            async with self._lock(state.number):
+                known = self.valid_until.get(state.number)
+                if (state.closed or self.open_shards.get(state.number) is not state
+                        or (known is not None and known[0] == state.generation
+                            and time.monotonic() < known[1])):
+                    continue
+                log.warning("shard %d: generation %d past its validity; shutting its writer "
+                            "down", state.number, state.generation)
+                self._count("expired_closes")
+                await self._drop(state)
+            return
+
     def _spawn(self, work: Awaitable[None]) -> None:
         async def quietly() -> None:
             try:
@@ -546,6 +584,8 @@ class SlateShards:
 
     async def aclose(self) -> None:
         """Shut every shard down (the process is stopping)."""
+        for watchdog in list(self._watchdogs):
+            watchdog.cancel()
         for shard in list(self.open_shards):
             async with self._lock(shard):
                 if (held := self.open_shards.get(shard)) is not None:

@@ -6,6 +6,8 @@
     shardlease demo   [--nodes 3] [--shards 12] [--store file:///path]
     shardlease bench  [--quick]
     shardlease verify --history FILE [--opens FILE]
+    shardlease verify [--store file|s3] [--nodes N] [--shards S] [--faults LIST] [--seconds T]
+                      [--seed X]
 
 Exit status: 0 on success (a node stopped by SIGTERM/SIGINT after releasing
 its shards), 2 for a bad option or store URL, 1 when the store cannot be used
@@ -527,10 +529,37 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="judge a client history: linearizability (porcupine), lost and "
                        "stale-generation writes, double opens",
         description="Judge a client history of a sharded key-value service (docs/verify.md). "
+                    "With --history, the history of a file; without it, run shardlease nodes "
+                    "beside the SlateDB application on this machine under a fault schedule "
+                    "drawn from --seed, record the clients' history and judge it. "
                     "The last line is the verdict; exit status 0 only when it passes, 1 when "
                     "it does not, 2 when the files cannot be judged.")
-    verify.add_argument("--history", required=True, metavar="FILE",
+    verify.add_argument("--history", metavar="FILE",
                         help="the clients' history, JSON lines (docs/verify.md)")
+    run = verify.add_argument_group(
+        "run mode (without --history)",
+        "nodes and slatekv apps on this machine, SlateDB on a MinIO started here")
+    run.add_argument("--store", choices=("file", "s3"), default="file",
+                     help="the lease store: a file store, or the MinIO of the databases "
+                          "(default file; the databases are on MinIO either way)")
+    run.add_argument("--nodes", type=int, default=3, help="node and app pairs (3)")
+    run.add_argument("--shards", type=int, default=8, help="shards (8)")
+    run.add_argument("--faults", default="kill,pause,latency,leave,join", metavar="LIST",
+                     help="fault kinds, comma-separated (default: all: kill,pause,latency,"
+                          "leave,join)")
+    run.add_argument("--seconds", type=float, default=30.0, help="how long the clients run (30)")
+    run.add_argument("--seed", type=int, help="the fault schedule's seed (default: random)")
+    run.add_argument("--clients", type=int, default=8, help="concurrent clients (8)")
+    run.add_argument("--lease-ttl", type=float, default=6.0,
+                     help="the nodes' lease TTL (6: SlateDB's open and close take seconds "
+                          "on a busy machine, and a close that outlasts the lease is the "
+                          "agent's overrun)")
+    run.add_argument("--dir", metavar="DIR",
+                     help="where the history, the open records and the logs go (default: a "
+                          "new directory under the temporary directory)")
+    run.add_argument("--minio", metavar="PATH",
+                     help="the MinIO binary (default: $SHARDLEASE_MINIO, else the one "
+                          "e2e/controlplane builds from this checkout)")
     verify.add_argument("--opens", metavar="FILE",
                         help="the applications' open and close records, JSON lines, for the "
                              "double-open check")
@@ -576,9 +605,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         from shardlease_tools.verify import cmd_verify
+        from shardlease_tools.verifyrun import cmd_verify_run
     except ModuleNotFoundError as e:
         return _not_installed("verify", e)
-    return cmd_verify(args)
+    return cmd_verify(args) if args.history else cmd_verify_run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -132,6 +132,9 @@ async def test_an_open_overtaken_by_a_newer_one_steps_back_and_the_owner_reopens
 async def test_reads_are_refused_past_the_validity_and_after_a_newer_generation(
         make: Make) -> None:
     a = make()
+    # Without the expiry watchdog (below): a shard past its validity stays
+    # open but serves nothing until a /lease of its generation revives it.
+    a.close_on_expiry = False
     await a.open(0, 1, 3.0)
     deadline = a.valid_until[0][1]
     assert await a.get(0, b"k") is None  # served: inside its validity
@@ -148,6 +151,27 @@ async def test_reads_are_refused_past_the_validity_and_after_a_newer_generation(
     assert got is not None and got.value == b"v"
     # The agent claimed generation 2 (its /lease says so): 1 is no longer current.
     assert a.extend(0, 2, time.monotonic() + 60)
+    with pytest.raises(NotOpen):
+        await a.get(0, b"k")
+
+
+async def test_a_shard_past_its_validity_has_its_writer_shut_down(make: Make) -> None:
+    """The agent paused past its lease: its shard's validity runs out, and the
+    writer is shut down (a close recorded) before a newer owner can open."""
+    a = make()
+    await a.open(0, 1, 1.0)
+    db = a.open_shards[0].db
+    a.extend(0, 1, time.monotonic() + 1.0)  # a /lease extends it once
+    await asyncio.sleep(0.6)
+    assert 0 in a.open_shards  # still inside the extended validity
+    for _ in range(100):
+        if 0 not in a.open_shards:
+            break
+        await asyncio.sleep(0.05)
+    assert 0 not in a.open_shards and a.log[-1] == ("close", 0, 1)
+    assert a.stats["expired_closes"] == 1
+    with pytest.raises(Error.Closed):
+        await db.get(b"k")
     with pytest.raises(NotOpen):
         await a.get(0, b"k")
 

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from shardlease.conformance import RULES
 from shardlease.routing import shard_for_key
-from shardlease_tools.verify import CheckerError, Operation, dump_history, find_checker, judge
+from shardlease_tools.verify import CheckerError, dump_history, find_checker, judge
+from shardlease_tools.workload import Workload, call
 from tests.support.s3server import S3Server
 
 from .fleet import Fleet, wait_for
@@ -30,20 +28,6 @@ from .test_conformance import conformance
 pytest_plugins = ["tests.support.s3server"]
 
 APP = "shardlease_examples.slatekv"
-
-
-async def call(http: aiohttp.ClientSession, method: str, url: str,
-               **kwargs: Any) -> tuple[int, dict[str, Any]]:
-    """(status, JSON body); status 0 when no answer came."""
-    try:
-        async with http.request(method, url, **kwargs) as resp:
-            try:
-                body = await resp.json(content_type=None)
-            except ValueError:
-                body = {"text": await resp.text()}
-            return resp.status, body if isinstance(body, dict) else {"body": body}
-    except (aiohttp.ClientError, TimeoutError) as e:
-        return 0, {"error": repr(e)}
 
 
 def key_of(shard: int, shards: int, stem: str) -> str:
@@ -96,75 +80,6 @@ async def test_slatekv_keeps_every_rule_and_serves_its_api(
             assert body["served_by"] == 8
     finally:
         fleet.cleanup()
-
-
-class Workload:
-    """Clients of the key-value API that record what they saw as
-    `shardlease verify` histories: each operation's invocation and
-    completion (monotonic nanoseconds: one clock for every process here),
-    its outcome and the generation the value was stored under."""
-
-    def __init__(self, http: aiohttp.ClientSession, apps: dict[str, str], shards: int,
-                 keys: int = 16, seed: int = 39) -> None:
-        self.http, self.apps, self.shards = http, apps, shards
-        self.keys = [f"key{i}" for i in range(keys)]
-        self.ops: list[Operation] = []
-        self.route: dict[int, str] = {}
-        self.random = random.Random(seed)
-
-    async def _ask(self, key: str, method: str, path: str, **kwargs: Any
-                   ) -> tuple[str, dict[str, Any]]:
-        """Try the apps until one answers for the key's shard: ("ok", body),
-        ("failed", body) when every answer said nothing was applied, or
-        ("unknown", body) at the first answer that may hide an effect."""
-        shard = shard_for_key(key, self.shards)
-        body: dict[str, Any] = {}
-        for _ in range(40):
-            first = self.route.get(shard)
-            for name in ([first] if first else []) + sorted(set(self.apps) - {first}):
-                status, body = await call(self.http, method, f"{self.apps[name]}{path}",
-                                          **kwargs)
-                if status in (200, 404):
-                    self.route[shard] = name
-                    return "ok", body
-                if status == 0 or body.get("applied") == "unknown":
-                    return "unknown", body
-            await asyncio.sleep(0.1)
-        return "failed", body
-
-    async def write(self, client: int, key: str, value: str) -> None:
-        invoked = time.monotonic_ns()
-        outcome, body = await self._ask(key, "PUT", f"/kv/{key}", data=value.encode())
-        self.ops.append(Operation(
-            client=client, op="write", key=key, value=value, invoked=invoked,
-            completed=time.monotonic_ns(), outcome=outcome,
-            generation=body.get("generation") if outcome == "ok" else None,
-            shard=shard_for_key(key, self.shards)))
-
-    async def read(self, client: int, key: str, final: bool = False) -> None:
-        invoked = time.monotonic_ns()
-        outcome, body = await self._ask(key, "GET", f"/kv/{key}")
-        # A read that did not answer constrains nothing: it is left out.
-        if outcome == "ok":
-            self.ops.append(Operation(
-                client=client, op="read", key=key, value=body["value"], invoked=invoked,
-                completed=time.monotonic_ns(), outcome="ok", generation=body["generation"],
-                shard=shard_for_key(key, self.shards), final=final))
-
-    async def client(self, client: int, stop: asyncio.Event) -> None:
-        n = 0
-        while not stop.is_set():
-            key = self.random.choice(self.keys)
-            if self.random.random() < 0.6:
-                n += 1
-                await self.write(client, key, f"c{client}-{n}")
-            else:
-                await self.read(client, key)
-
-    def acknowledged(self, since: int = 0) -> Counter[tuple[int | str | None, int | None]]:
-        """(shard, generation) of the acknowledged writes from op `since` on."""
-        return Counter((op.shard, op.generation) for op in self.ops[since:]
-                       if op.op == "write" and op.outcome == "ok")
 
 
 async def test_shards_move_between_two_nodes_and_no_acknowledged_write_is_lost(

@@ -31,6 +31,7 @@ Used by `shardlease bench` (in its own event loop) and by the tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import threading
@@ -48,6 +49,11 @@ from yarl import URL
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect",
                   "content-length"})
+
+#: Headers aiohttp's client would add to a forwarded request: none is added
+#: (an Accept-Encoding the client never sent let the server compress an
+#: answer that the client, SlateDB's object_store, then read as it came).
+_NO_AUTO_HEADERS = ("Content-Type", "Accept-Encoding", "Accept", "User-Agent")
 
 KINDS = ("list", "get", "head", "put-lease", "put-heartbeat", "put", "delete", "other")
 
@@ -187,6 +193,7 @@ class FaultProxy:
         self._count(kind)
         faults = self.faults
         status = 0
+        length: str | None = None
         try:
             if faults.hits(kind, request.path):
                 if faults.latency:
@@ -201,11 +208,15 @@ class FaultProxy:
             url = URL(self.upstream + request.raw_path, encoded=True)
             async with self._session.request(request.method, url, headers=headers,
                                              data=body or None, allow_redirects=False,
-                                             skip_auto_headers=("Content-Type",)) as answer:
+                                             skip_auto_headers=_NO_AUTO_HEADERS) as answer:
                 data = await answer.read()
                 out = CIMultiDict((k, v) for k, v in answer.headers.items()
                                   if k.lower() not in _HOP)
                 status = answer.status
+                if request.method == "HEAD" and "Content-Length" in answer.headers:
+                    # A HEAD's answer has no body, but its Content-Length is
+                    # the object's size (SlateDB's object_store reads it).
+                    length = answer.headers["Content-Length"]
         finally:
             abandoned = request.transport is None or request.transport.is_closing()
             if abandoned:
@@ -213,6 +224,13 @@ class FaultProxy:
             with self._lock:
                 self.history.append(Seen(arrived, time.time(), kind, request.path, status,
                                          abandoned))
+        if length is not None:
+            head = web.StreamResponse(status=status, headers=out)
+            head.content_length = int(length)
+            with contextlib.suppress(ConnectionError):  # its client hung up
+                await head.prepare(request)
+                await head.write_eof()
+            return head
         return web.Response(status=status, body=data, headers=out)
 
 
