@@ -286,6 +286,7 @@ def record(owner: str | None, generation: int, version: str,
     (record(None, 3, "v2"), [], 12.0 + TTL, False, True),
     (record(None, 1, "v2"), None, 12.1 + TTL, False, True),
     (record("c", 1, "v2"), [epoch([2], node="b")], 12.1 + TTL, False, True),
+    (record("c", 1, "v2"), [], 12.1 + TTL, False, True),
     (record(None, 4, "v2"), None, 12.0, True, False),
     (record("b", 3, "v2"), None, 12.0, False, False),
 ], ids=[
@@ -294,6 +295,9 @@ def record(owner: str | None, generation: int, version: str,
     "...not a moment before",
     "claimed and freed at 1 by a node that never saw it: not while the epochs are unread",
     "claimed by such a node: judged by the epochs too, not by its owner's",
+    # (The claim path ends the epoch a claimable node-mode record names: a
+    # live one's end fenced its node, on the tree merged with seed143.)
+    "...and never while its own epoch lives, though no epoch says it keeps it yet",
     "freed above the generation that vanished: a release like any other",
     "b's own record written back: b's again, kept by its live epoch",
 ])

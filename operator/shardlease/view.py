@@ -273,6 +273,11 @@ class LeaseView:
             return False  # held by a version that knows the format, for as long as it is
         rec = stored.record
         if rec is not None and shard in self.vanished:
+            if rec.owner is not None and rec.renewal == "node" \
+                    and not self.epochs.over(rec, now):
+                # Whatever it replaced, its own live epoch keeps it: a claim
+                # of a node-mode record ends the epoch it names first.
+                return False
             return self._damaged_claimable(shard, stored, rec, now)
         if rec is not None and rec.owner is None:
             if rec.hold <= 0 or (rec.reserved_for is not None and rec.reserved_for == self.name):
