@@ -15,10 +15,17 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import OutdatedGeneration, RunnerDied
-from shardlease.keeper import renewed_apart
+from shardlease.keeper import refusal_hold, renewed_apart
 from shardlease.loop import PlacementLoop, paced, settles, wakes, woken_due
 from shardlease.options import Options
-from shardlease.records import Lease, Stored, decode_heartbeat, stored_lease
+from shardlease.records import (
+    MAX_LEASE_TTL,
+    Heartbeat,
+    Lease,
+    Stored,
+    decode_heartbeat,
+    stored_lease,
+)
 from shardlease.runner import State
 from shardlease.sim.fakes import ScriptedStore, StrictHost, recorder
 from shardlease.sim.vloop import run_virtual
@@ -546,6 +553,58 @@ async def test_an_open_refused_as_outdated_is_freed_at_the_hosts_generation_and_
     assert 15.0 - 1e-6 <= opened - refused <= 15.0 + extra + 2 * 5.0 + 1e-6
     rec = lease(backend, 0)
     assert rec is not None and rec.owner == "a" and rec.generation == 10
+    await a.stop()
+
+
+# How long a refusal's free keeps the shard from every node (keeper.refusal_hold):
+# the longest of what this node knows and what every heartbeat says its node
+# may hold a lease by; the longest any lease may be held by when they are unread.
+@pytest.mark.parametrize(("known", "holds_by", "hold"), [
+    (15.0, [], 15.0),                  # nobody beats (node mode): what it knows
+    (15.0, [0.0, 0.0], 15.0),          # heartbeats older than the field, or holding nothing
+    (15.0, [6.0, 15.0], 15.0),         # nobody holds by longer
+    (6.0, [30.0, 6.0], 30.0),          # seed-143: the TTL cut to 6, an owner at 30
+    (90.0, [30.0], 90.0),              # never shorter than what it knew (a record said 90)
+    (6.0, None, MAX_LEASE_TTL),        # unread: the longest any lease is held by
+    (15.0, [MAX_LEASE_TTL], MAX_LEASE_TTL),
+])
+def test_a_refusals_free_keeps_the_shard_for_the_longest_ttl_any_heartbeat_holds_by(
+        known: float, holds_by: list[float] | None, hold: float) -> None:
+    assert refusal_hold(known, holds_by) == hold
+
+
+def beat_of(backend: MemoryBackend, node: str) -> Heartbeat:
+    return decode_heartbeat(backend.heartbeats[(CLUSTER, node)][1], CLUSTER, node)
+
+
+@pytest.mark.parametrize("reads", ["work", "fail"])
+@virtual
+async def test_a_refusal_is_kept_from_every_node_for_as_long_as_a_heartbeat_says(
+        reads: str) -> None:
+    # A peer's heartbeat says it holds a lease by a TTL of 40 (written before
+    # the TTL was cut to 15 here): the refusal's free keeps the shard 40 s,
+    # and the refusing node waits as long. Its heartbeats unreadable: the
+    # longest a lease may be held by at all.
+    backend = MemoryBackend()
+    store = ScriptedStore(backend)
+    await store.put_heartbeat(Heartbeat(cluster=CLUSTER, node="old", incarnation="x", seq=1,
+                                        write_id="w", holds_by=40.0))
+    if reads == "fail":
+        store.broken.add("get_heartbeat")
+    a = Node("a", backend, shards=1, store=store, host=RememberingHost(9)).start()
+    await claimed()
+    await asyncio.sleep(4.0)  # (unread: after the reads' budget)
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None and rec.generation == 9
+    assert rec.hold == (40.0 if reads == "work" else MAX_LEASE_TTL)
+    await asyncio.sleep(48.0)  # (reopened at 50, and beaten since)
+    refused, *later = a.host.times("open", 0)
+    if reads == "work":
+        assert later and later[0] - refused >= 40.0
+        assert beat_of(backend, "a").holds_by == 15.0  # holds it again
+    else:
+        assert later == []
+        assert beat_of(backend, "a").holds_by == 0.0  # holds nothing
     await a.stop()
 
 

@@ -13,6 +13,7 @@ from shardlease.errors import CorruptRecord
 from shardlease.records import (
     FORMAT,
     MAX_KEEPS_SHARD,
+    MAX_LEASE_TTL,
     Epoch,
     Heartbeat,
     Lease,
@@ -122,6 +123,19 @@ def test_format_1_and_a_missing_format_read_as_before(has_format: bool) -> None:
     assert decode_heartbeat(raw(hb), CLUSTER, "node-a").format == 1
 
 
+def test_a_heartbeat_older_than_holds_by_reads_as_holding_by_0() -> None:
+    # `holds_by` was added within format 1 (optional, like `hold` and `keeps`
+    # before it): a heartbeat without it holds no lease by any TTL we know;
+    # one of a version that knows it reads as written; out of range, corrupt.
+    old = {k: v for k, v in heartbeat_json().items() if k != "holds_by"}
+    assert decode_heartbeat(raw(old), CLUSTER, "node-a").holds_by == 0.0
+    assert decode_heartbeat(raw(heartbeat_json(holds_by=30.0)), CLUSTER,
+                            "node-a").holds_by == 30.0
+    for bad in (-1.0, MAX_LEASE_TTL + 1, "x"):
+        with pytest.raises(CorruptRecord):
+            decode_heartbeat(raw(heartbeat_json(holds_by=bad)), CLUSTER, "node-a")
+
+
 BAD_FORMATS = ["x", "2", 0, -1, 2.0, 1.5, True, None, [2], {"v": 2}]
 
 
@@ -188,6 +202,29 @@ def test_a_kubernetes_format_annotation_that_is_no_format_number_is_corrupt(
     got = object_to_lease(obj, CLUSTER, 3)
     assert got.record is None and got.newer_format is None and got.error
     assert got.generation == 41
+
+
+def test_a_kubernetes_heartbeat_object_reads_back_with_what_its_node_holds_by() -> None:
+    from shardlease.stores.kubernetes import (
+        ANN_FORMAT,
+        ANN_HOLDS_BY,
+        heartbeat_to_object,
+        object_to_heartbeat,
+    )
+
+    hb = Heartbeat.model_validate(heartbeat_json(holds_by=30.0, at=1000.25, seq=0))
+    obj = heartbeat_to_object(hb, "ns")
+    assert object_to_heartbeat(obj, CLUSTER, "node-a") == hb
+    del obj["metadata"]["annotations"][ANN_HOLDS_BY]  # written before the field
+    assert object_to_heartbeat(obj, CLUSTER, "node-a").holds_by == 0.0
+    with pytest.raises(CorruptRecord):  # another node's
+        object_to_heartbeat(obj, CLUSTER, "node-b")
+    obj["metadata"]["annotations"][ANN_HOLDS_BY] = "-1"
+    with pytest.raises(CorruptRecord):
+        object_to_heartbeat(obj, CLUSTER, "node-a")
+    obj["metadata"]["annotations"][ANN_FORMAT] = "2"
+    with pytest.raises(NewerFormat):
+        object_to_heartbeat(obj, CLUSTER, "node-a")
 
 
 # -- what an epoch keeps ----------------------------------------------------------------

@@ -244,6 +244,29 @@ def test_a_refusal_waits_the_longest_ttl_a_node_may_still_hold_the_shard_by(
     assert view.claimable(2, free_lease(None, 0.0), 10.1 + wait)
 
 
+@pytest.mark.parametrize(("kept", "wait"), [
+    (30.0, 30.0),
+    (6.0, TTL),
+    (None, TTL),
+], ids=[
+    "the free keeps it longer (a heartbeat said 30): this node waits as long",
+    "never shorter than the refusal's own wait",
+    "not known yet (the free not started): the refusal's own wait",
+])
+def test_a_refusing_node_waits_as_long_as_its_free_keeps_the_shard(
+        kept: float | None, wait: float) -> None:
+    # Regression seed-143: a joiner knows only its own TTL; the heartbeats,
+    # read by its free, say that a node holds a lease by a longer one.
+    view = make_view()
+    view.refused(2, 9, 10.0)
+    if kept is not None:
+        view.keep_off(2, kept)
+    view.keep_off(3, 99.0)  # (no refusal there: nothing to keep off)
+    assert 3 not in view.refused_at
+    assert not view.claimable(2, free_lease(None, 0.0), 10.0 + wait)
+    assert view.claimable(2, free_lease(None, 0.0), 10.1 + wait)
+
+
 @pytest.mark.parametrize(("reserved_for", "keepers", "now", "claimable"), [
     (None, [], 9.9 + TTL, False),
     (None, [], 10.1 + TTL, True),
@@ -313,3 +336,33 @@ def test_a_record_written_where_this_node_saw_one_deleted(
     if 2 in view.idle and 2 in view.damaged:
         view.attribute([2], {2: after}, keepers, now, since=0.0)
     assert (2 in view.vanished, view.claimable(2, after, now)) == (blind, claimable)
+
+
+@pytest.mark.parametrize(("claimed", "blind"), [
+    (record("c", 1, "v2"), True),
+    (record("c", 3, "v2"), True),
+    (record("b", 3, "v2", incarnation="i2"), True),
+    (record("c", 4, "v2"), False),
+    (record("b", 3, "v2"), False),
+    (record(None, 3, "v2"), False),
+], ids=[
+    "claimed at 1 by a node that never saw it: a claim over a deletion unseen",
+    "...at the same generation",
+    "...by another incarnation of its owner (a restart that never saw it)",
+    "claimed above it: a claim over it, like any other",
+    "its owner's own record again (a repair, a write whose answer was lost)",
+    "freed at its generation: its owner's free, as far as anyone can tell",
+])
+def test_a_claim_over_a_deletion_this_node_never_saw(
+        claimed: Stored[Lease], blind: bool) -> None:
+    """Regression seed-1080542040: the record deleted and claimed blind
+    between two of this node's listings, which never showed it missing."""
+    view = make_view()
+    view.observe({2: record("b", 3, "v1")}, 4, 0.0, ())
+    view.observe({2: claimed}, 4, 10.0, ())
+    assert (2 in view.vanished) is blind
+    if blind:  # judged by the epochs, like the deleted record: b's keeps it
+        freed = record(None, claimed.generation or 0, "v3")
+        view.observe({2: freed}, 4, 12.1 + TTL, ())
+        view.attribute([2], {2: freed}, [epoch([2], node="b")], 12.1 + TTL, since=0.0)
+        assert not view.claimable(2, freed, 12.1 + TTL)

@@ -7,6 +7,11 @@ heartbeat's version has changed within a TTL, judged on this node's monotonic
 clock (`observed`); a deleted heartbeat is a graceful stop. A listing that
 fails keeps the live set the last good one showed: a failed read must never
 make this node think itself alone.
+
+Each heartbeat also says how long its node may hold a lease (`holds_by`: the
+longest TTL its held leases were last written with), which a node refused
+as outdated reads afresh (`holds_by_all`) for how long to keep the shard
+from every node (`keeper.refusal_hold`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 from shardlease.calls import Calls
 from shardlease.clock import Clock
-from shardlease.errors import StoreError
+from shardlease.errors import CorruptRecord, StoreError
 from shardlease.observed import Observed
 from shardlease.records import Heartbeat, new_write_id
 from shardlease.stores.base import LeaseStore
@@ -27,9 +32,12 @@ logger = logging.getLogger("shardlease.loop")
 
 class Heartbeats:
     def __init__(self, store: LeaseStore, calls: Calls, clock: Clock, *, cluster: str,
-                 name: str, incarnation: str, ttl: Callable[[], float], writes: bool) -> None:
+                 name: str, incarnation: str, ttl: Callable[[], float], writes: bool,
+                 holds_by: Callable[[], float]) -> None:
         self.store, self.calls, self.clock = store, calls, clock
         self.cluster, self.name, self.incarnation, self.ttl = cluster, name, incarnation, ttl
+        #: What each heartbeat says of this node's leases (`Heartbeat.holds_by`).
+        self.holds_by = holds_by
         # -- mutable state
         self._seen: Observed[str, None] = Observed()
         #: The nodes live by their heartbeats in the last good listing.
@@ -72,7 +80,8 @@ class Heartbeats:
             self.deleted = False
             self._seq += 1
             hb = Heartbeat(cluster=self.cluster, node=self.name, incarnation=self.incarnation,
-                           seq=self._seq, write_id=new_write_id(), at=self.clock.wall())
+                           seq=self._seq, write_id=new_write_id(), at=self.clock.wall(),
+                           holds_by=self.holds_by())
             try:
                 await self.calls.joined("heartbeat", "heartbeat",
                                         lambda: self.store.put_heartbeat(hb))
@@ -80,6 +89,26 @@ class Heartbeats:
                 logger.warning("heartbeat failed: %s", e)
                 return False
             return True
+
+    async def holds_by_all(self) -> list[float] | None:
+        """What every heartbeat of the cluster says now of how long its node
+        may hold a lease (`Heartbeat.holds_by`; 0 for a heartbeat older than
+        the field), read afresh (a listing, then each one), within one call
+        budget; None if any of them could not be read (failed, corrupt, of a
+        newer format): the caller cannot tell how long that node holds."""
+        async def read() -> list[float]:
+            beats = await self.store.list_heartbeats(self.cluster)
+            found = await asyncio.gather(*(self.store.get_heartbeat(self.cluster, node)
+                                           for node in sorted(beats)))
+            # (Deleted since the listing: a graceful stop, or withdrawn with
+            # nothing open.)
+            return [hb.holds_by for hb in found if hb is not None]
+
+        try:
+            return await self.calls.bounded("heartbeat reads", read)
+        except (StoreError, CorruptRecord) as e:
+            logger.warning("could not read the heartbeats: %s", e)
+            return None
 
     async def delete(self) -> None:
         """After any heartbeat write in flight, so that it cannot land after

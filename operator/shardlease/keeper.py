@@ -34,7 +34,7 @@ from shardlease.clock import Clock
 from shardlease.errors import Conflict, StoreError
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
-from shardlease.records import MAX_HOLD, Lease, Stored, new_write_id
+from shardlease.records import MAX_HOLD, MAX_LEASE_TTL, Lease, Stored, new_write_id
 from shardlease.runner import Ended, Reason, Runner
 from shardlease.stores.base import VANISHED, LeaseStore
 from shardlease.telemetry import LeftToExpire, Lost, Release, RenewFailed, Telemetry
@@ -117,6 +117,29 @@ def renewed_apart(answered_in: float, ttl: float, margin: float, pace: float) ->
     return answered_in > (ttl - margin - pace) / 3
 
 
+def refusal_hold(known: float, holds_by: list[float] | None) -> float:
+    """How long the free after a refusal as outdated keeps the shard from
+    every node: the longest TTL a node may still hold it by. `known`: the
+    longest this node saw for itself (`view.LeaseView.refusal_wait`: its own
+    TTL, the shard's last readable record's, any record's); `holds_by`: what
+    every heartbeat of the cluster said just now (`Heartbeat.holds_by`), None
+    if they could not all be read.
+
+    Why the heartbeats: the owner whose record was deleted under it may be a
+    node this one never saw a record of (it joined after the deletion), whose
+    lease writes fail since (its record is gone), valid by the TTL its last
+    landed write carried, which a TTL cut in place leaves longer than any
+    this node knows (regression seed-143). Its heartbeat says so.
+
+    Unread, the wait falls back to the longest a lease may be held by at
+    all, `MAX_LEASE_TTL` (no record carries a longer TTL, so no owner holds
+    longer by one): nothing shorter can be justified without them. A
+    shard kept an hour costs only its availability, and only on a refusal
+    (a deleted or lost record) whose heartbeat reads failed."""
+    longest = MAX_LEASE_TTL if holds_by is None else max([known, *holds_by])
+    return min(MAX_HOLD, max(known, longest))
+
+
 async def gather_limited(*calls: Callable[[], Awaitable[None]]) -> None:
     """Run the coroutine functions with at most WRITE_CONCURRENCY at once."""
     limit = asyncio.Semaphore(WRITE_CONCURRENCY)
@@ -134,7 +157,9 @@ class Keeper:
                  options: Callable[[], Options], stopping: Callable[[], bool],
                  earlier_pace: Callable[[], float],
                  released: Callable[[int], None],
-                 track: Callable[[asyncio.Task[None]], None]) -> None:
+                 track: Callable[[asyncio.Task[None]], None],
+                 holds_by_all: Callable[[], Awaitable[list[float] | None]],
+                 kept_off: Callable[[int, float], None]) -> None:
         self.store, self.calls, self.clock = store, calls, clock
         self.telemetry, self.runner, self.own = telemetry, runner, own
         self.cluster, self.name = cluster, name
@@ -143,6 +168,12 @@ class Keeper:
         self.released = released
         #: Given every free started apart from the renewals (the loop awaits them).
         self.track = track
+        #: What every heartbeat says now of how long its node may hold a
+        #: lease (`heartbeats.Heartbeats.holds_by_all`; None: unread).
+        self.holds_by_all = holds_by_all
+        #: Told how long a refusal's free keeps a shard from every node, once
+        #: that is known (this node waits as long: `view.LeaseView.keep_off`).
+        self.kept_off = kept_off
         # -- mutable state
         self.held: dict[int, Held] = {}
         #: The free in flight of each closed shard: never one of the renewals'
@@ -173,6 +204,14 @@ class Keeper:
 
     def own_epochs(self) -> set[str]:
         return self.own.all
+
+    def holds_by(self) -> float:
+        """The longest TTL any lease this node holds was last written with by
+        a write that landed (0: none), as its heartbeat says
+        (`Heartbeat.holds_by`): a shard-mode lease is valid until that write's
+        send time + that TTL - margin, whatever the TTL is now. (Closed
+        shards too, until freed: one whose close failed may still be open.)"""
+        return max((h.lease.ttl for h in self.held.values()), default=0.0)
 
     def shards_of(self, epoch: str) -> list[int]:
         """The held node-mode shards of `epoch` that are not closed."""
@@ -492,11 +531,17 @@ class Keeper:
                 self.left_to_end[shard] = held
                 return
             if held.freeing is None:
+                reserve = held.reserve
+                if reserve > 0:
+                    # A refusal's: kept from every node for as long as any
+                    # node's heartbeat says it may hold a lease, read now.
+                    reserve = refusal_hold(reserve, await self.holds_by_all())
+                    self.kept_off(shard, reserve)
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
                     "generation": max(held.lease.generation, held.floor),
                     "renewed_at": self.clock.wall(), "since": self.clock.wall(),
-                    **self._reservation(held.reserve)})
+                    **self._reservation(reserve)})
             try:
                 if not await self._write_step(shard, held, held.freeing, "free", self.ttl):
                     return

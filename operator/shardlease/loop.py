@@ -278,7 +278,8 @@ class PlacementLoop:
         #: This node's heartbeat (shard mode), and the peers live by theirs.
         self.beats = Heartbeats(self.store, self.calls, self.clock, cluster=self.cluster,
                                 name=self.name, incarnation=self.incarnation,
-                                ttl=lambda: self.ttl, writes=self.mode == "shard")
+                                ttl=lambda: self.ttl, writes=self.mode == "shard",
+                                holds_by=lambda: self.keeper.holds_by())
         #: What this node saw of the leases.
         self.view = LeaseView(self.telemetry, self.epoch_watch, cluster=self.cluster,
                               name=self.name, incarnation=self.incarnation,
@@ -287,7 +288,9 @@ class PlacementLoop:
                              self.own, cluster=self.cluster, name=self.name,
                              options=lambda: self.options, stopping=lambda: self.stopping,
                              earlier_pace=lambda: self._earlier_pace,
-                             released=self.view.forget_owner, track=self._track)
+                             released=self.view.forget_owner, track=self._track,
+                             holds_by_all=self.beats.holds_by_all,
+                             kept_off=self.view.keep_off)
         #: Set once `run()` ended (Life.STOPPED).
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):

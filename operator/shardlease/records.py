@@ -194,6 +194,14 @@ class Heartbeat(BaseModel):
     seq: int = Field(ge=0)
     write_id: str = Field(min_length=1, max_length=64)
     at: float = 0.0
+    #: Shard mode: the longest TTL that any lease this node holds was last
+    #: written with, by a write that landed (0: it holds none). A node whose
+    #: application refused an open as outdated keeps the shard from every
+    #: node for at least the longest of these (`keeper.refusal_hold`): the
+    #: owner whose record was deleted under it may be one that the refusing
+    #: node never saw, valid by a TTL longer than any it saw (a TTL cut in
+    #: place, regression seed-143). Records older than the field read as 0.
+    holds_by: float = Field(default=0.0, ge=0, le=MAX_LEASE_TTL)
     #: The record format (see `FORMAT`); records older than the field are 1.
     format: int = Field(default=FORMAT, ge=1, strict=True)
 

@@ -157,6 +157,9 @@ class Settling(LeaseStore):
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         return await self.inner.list_heartbeats(cluster)
 
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        return await self.inner.get_heartbeat(cluster, node)
+
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self.inner.put_heartbeat(heartbeat)
         await self._settled()

@@ -729,24 +729,20 @@ REGRESSIONS += [
                              Join(at=24.6, node="n3")),
                          kinds=("join", "refusal", "corrupt"), origin=248,
                          hints=Hints(drop=0.9, delay=0.6))),
-]
-
-#: Found or made cases whose bug is known and not fixed yet: each must still
-#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
-PENDING: list[Regression] = [
     Regression(
         "seed-143",
         "garbage,lost_answers,refusal,store_all: (a) shard 0: open on j0 (generation 2) at "
         "26.690 while still open on n0 (generation 1, deadline 38.7) until 38.731. Found by "
-        "the swarm property test (a random seed, 2026-12-07), on the code before this "
-        "session's work too. Family C for a node that never saw the record: the TTL is cut "
-        "from 30 to 6 at 11.8; n0's last renewal landed at 10.73 with TTL 30, and its lease "
-        "writes fail from 15.8; the record is deleted at 15.8, when j0 joins; j0 claims it "
-        "missing at 1, is refused as outdated, and waits the longest TTL it has seen (its "
-        "own 6 s: it never saw a record saying 30), then opens 2 at 26.69. Open: a node that "
-        "never saw the owner's record has no source of the TTL the owner holds by (one "
-        "design: shard-mode heartbeats carry the longest TTL their node's leases landed with, "
-        "read afresh on a refusal as the epochs are for a damaged record)",
+        "the swarm property test (a random seed, 2026-12-07). Family C for a node that never "
+        "saw the record: the TTL is cut from 30 to 6 at 11.8; n0's last renewal landed at "
+        "10.73 with TTL 30, and its lease writes fail from 15.8; the record is deleted at "
+        "15.8, when j0 joins; j0 claims it missing at 1, is refused as outdated, and waited "
+        "the longest TTL it had seen (its own 6 s: it never saw a record saying 30), then "
+        "opened 2 at 26.69: a node that never saw the owner's record had no source of the "
+        "TTL the owner holds by. Fixed: "
+        "shard-mode heartbeats carry the longest TTL their node's held leases landed with "
+        "(`holds_by`), read afresh by the refusal's free, which keeps the shard that long "
+        "(keeper.refusal_hold; the mutant refusal-hold-ignores-the-heartbeats)",
         SwarmCase(nodes=2, shards=1, seed=68243368, lease_ttl=30.0, interval=4.0, margin=2.0,
                   max_concurrency=16, renewal="shard", faults=(
                       Reconfigure(at=11.8, node=None, changes=(
@@ -769,6 +765,58 @@ PENDING: list[Regression] = [
                       Corrupt(at=90.0, shard=0, how="garbage")),
                   kinds=("garbage", "lost_answers", "refusal", "store_all"), origin=143,
                   hints=Hints(drop=0.0, delay=6.0))),
+    Regression(
+        "seed-1080542040",
+        "refusal: (a) shard 0: open on j1 (generation 2) at 436.177 while still open on n0 "
+        "(generation 1, deadline 495.6) until 479.790. Found by the explorer (node mode, "
+        "refusal kind, seed 2, on the mutant record-over-a-deleted-one-trusted; the tree "
+        "with seed-143's fix broke it too, the tree before hid it only by a release at the "
+        "instant the open ended). Family B through a blind claim that an observer never saw "
+        "as one: n0 keeps shard 0 by its live epoch, its listings stale and its lease calls "
+        "failing; the record is deleted at 295.9 and j0 (just joined) claims it missing at "
+        "1 at 298.5, both between two of j1's listings: j1 saw n0's record at 1 replaced by "
+        "j0's at 1, never the shard missing, and took j0's free (its open failed) at 358.5 "
+        "for a release. Fixed: a claim at no higher generation than the record before it, "
+        "by another owner, is judged as one over a deleted record "
+        "(view.LeaseView._replaced)",
+        SwarmCase(nodes=5, shards=4, seed=2847739426, lease_ttl=90.0, interval=None,
+                  margin=None, max_concurrency=4, renewal="node", faults=(
+                      Corrupt(at=142.5, shard=2, how="deleted"),
+                      StoreFault(at=142.5, until=322.5, node="n4", stale=True),
+                      StoreFault(at=142.5, until=322.5, node="n4", error_rate=1.0,
+                                 calls=frozenset({"get_lease", "update_lease", "create_lease"})),
+                      Corrupt(at=239.2, shard=3, how="deleted"),
+                      Join(at=239.2, node="j1", wall_skew=0.0),
+                      HostFault(at=239.2, until=419.2, node=None, open_latency=60.0),
+                      Corrupt(at=250.3, shard=2, how="deleted"),
+                      HostFault(at=250.3, until=430.3, node=None, open_latency=60.0),
+                      Corrupt(at=253.5, shard=2, how="deleted"),
+                      HostFault(at=253.5, until=433.5, node=None, open_latency=30.0),
+                      StoreFault(at=253.5, until=433.5, node="n4", stale=True),
+                      StoreFault(at=253.5, until=433.5, node="n4", error_rate=1.0,
+                                 calls=frozenset({"get_lease", "update_lease", "create_lease"})),
+                      Leave(at=262.5, node="n3", hold=9.0),
+                      Join(at=262.5, node="j1", wall_skew=0.0),
+                      Join(at=273.3, node="n3", wall_skew=0.0),
+                      Leave(at=284.2, node="n4", hold=0.0),
+                      Leave(at=295.3, node="n1", hold=0.0),
+                      Corrupt(at=295.9, shard=0, how="deleted"),
+                      HostFault(at=295.9, until=475.9, node=None, open_latency=30.0),
+                      StoreFault(at=295.9, until=475.9, node="n0", stale=True),
+                      StoreFault(at=295.9, until=475.9, node="n0", error_rate=1.0,
+                                 calls=frozenset({"get_lease", "update_lease", "create_lease"})),
+                      Join(at=298.5, node="j0", wall_skew=0.0),
+                      Leave(at=314.2, node="n3", hold=0.0),
+                      Leave(at=325.9, node="n3", hold=0.0),
+                      Leave(at=325.9, node="n4", hold=0.0),
+                      Leave(at=340.9, node="n1", hold=0.0),
+                      Leave(at=370.9, node="n2", hold=0.0)),
+                  kinds=("refusal",), origin=1080542040, hints=Hints(drop=0.9, delay=9.0))),
+]
+
+#: Found or made cases whose bug is known and not fixed yet: each must still
+#: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
+PENDING: list[Regression] = [
     Regression(
         "seed-123095345",
         "refusal: (a) shard 0: open on j1 (generation 2) at 37.600 while still open on n0 "
@@ -1264,8 +1312,8 @@ REGRESSIONS += [
 
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-#: ("refusal": seed-143, seed-123095345 and seed-1851953618, a deleted record
-#: and joiners that never saw it. Left out of the random swarm until they are fixed; the refusal
-#: kind's regressions above and the mutants that name `--kinds refusal`
-#: still run.)
+#: ("refusal": seed-123095345 and seed-1851953618, a blind claim freed before
+#: its open and claimed by a node that never saw the deleted record either.
+#: Left out of the random swarm until they are fixed; the refusal kind's
+#: regressions above and the mutants that name `--kinds refusal` still run.)
 PENDING_KINDS: tuple[str, ...] = ("refusal",)

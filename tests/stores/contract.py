@@ -142,6 +142,9 @@ class LostAnswerStore(LeaseStore):
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         return await self.inner.list_heartbeats(cluster)
 
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        return await self.inner.get_heartbeat(cluster, node)
+
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self.inner.put_heartbeat(heartbeat)
 
@@ -827,6 +830,26 @@ class StoreContract:
         before = (await store.list_heartbeats(CLUSTER))["node-a"]
         await store.put_heartbeat(beat.model_copy(update={"write_id": new_write_id()}))
         assert (await store.list_heartbeats(CLUSTER))["node-a"] != before
+
+    async def test_a_heartbeat_reads_back_as_written_and_a_missing_one_as_none(
+            self, store: LeaseStore) -> None:
+        # What a node refused as outdated reads of every peer (`holds_by`):
+        # each node's own, the last one written, gone once deleted.
+        assert await store.get_heartbeat(CLUSTER, "node-a") is None
+        await store.put_heartbeat(make_heartbeat("node-a", seq=1)
+                                  .model_copy(update={"holds_by": 30.0}))
+        last = make_heartbeat("node-a", seq=2).model_copy(update={"holds_by": 6.5})
+        await store.put_heartbeat(last)
+        await store.put_heartbeat(make_heartbeat("node-b", seq=1))
+        got = await store.get_heartbeat(CLUSTER, "node-a")
+        assert got is not None
+        assert (got.node, got.incarnation, got.write_id, got.holds_by) == (
+            "node-a", last.incarnation, last.write_id, 6.5)
+        other = await store.get_heartbeat(CLUSTER, "node-b")
+        assert other is not None and other.node == "node-b" and other.holds_by == 0.0
+        assert await store.get_heartbeat("other-cluster", "node-a") is None
+        await store.delete_heartbeat(CLUSTER, "node-a")
+        assert await store.get_heartbeat(CLUSTER, "node-a") is None
 
     async def test_a_deleted_heartbeat_is_no_longer_listed(self, store: LeaseStore) -> None:
         await store.put_heartbeat(make_heartbeat("node-a"))

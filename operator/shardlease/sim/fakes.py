@@ -175,6 +175,10 @@ class ScriptedStore(MemoryStore):
         await self._gate("list_heartbeats", cluster)
         return await super().list_heartbeats(cluster)
 
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        await self._gate("get_heartbeat", cluster, node)
+        return await super().get_heartbeat(cluster, node)
+
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self._gate("put_heartbeat", heartbeat)
         await super().put_heartbeat(heartbeat)

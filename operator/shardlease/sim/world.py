@@ -362,6 +362,10 @@ class SimStore(LeaseStore):
         return await self._listing("list_heartbeats",
                                    lambda: self.inner.list_heartbeats(cluster))
 
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        return await self._call(
+            "get", "get_heartbeat", lambda: self.inner.get_heartbeat(cluster, node))
+
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         await self._call(
             "put", "put_heartbeat", lambda: self.inner.put_heartbeat(heartbeat))

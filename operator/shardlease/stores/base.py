@@ -188,6 +188,13 @@ class LeaseStore(abc.ABC):
         judged from a version changing, so the contents are not needed."""
 
     @abc.abstractmethod
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        """One node's heartbeat, or None when it has none. Raises
+        `CorruptRecord` (a `NewerFormat` too) when what is there cannot be
+        read as one: its content matters only to a node that must know how
+        long its peers may hold leases (`Heartbeat.holds_by`)."""
+
+    @abc.abstractmethod
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         """Write this node's heartbeat (each node writes only its own)."""
 

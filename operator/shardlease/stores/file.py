@@ -56,6 +56,7 @@ from shardlease.records import (
     Heartbeat,
     Lease,
     Stored,
+    decode_heartbeat,
     encode,
     stored_epoch,
     stored_lease,
@@ -439,6 +440,17 @@ class FileStore(LeaseStore):
                 found[node] = f"unreadable-{e.errno}"
         return found
 
+    def _get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        path = self.heartbeat_path(cluster, node)
+        try:
+            data, _ = _read_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail("read", path, e) from None
+        # (At most MAX_RECORD_BYTES + 1 bytes: one more is refused as too big.)
+        return decode_heartbeat(data, cluster, node)
+
     def _put_heartbeat(self, heartbeat: Heartbeat) -> None:
         path = self.heartbeat_path(heartbeat.cluster, heartbeat.node)
         data = self._encode(heartbeat)
@@ -532,6 +544,10 @@ class FileStore(LeaseStore):
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         self.backend_requests.report("list")
         return await asyncio.to_thread(self._list_heartbeats, cluster)
+
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        self.backend_requests.report("get")
+        return await asyncio.to_thread(self._get_heartbeat, cluster, node)
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         self.backend_requests.report("put")

@@ -16,6 +16,7 @@ from shardlease.records import (
     Heartbeat,
     Lease,
     Stored,
+    decode_heartbeat,
     encode,
     stored_epoch,
     stored_lease,
@@ -101,6 +102,11 @@ class MemoryStore(LeaseStore):
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         self.backend_requests.report("list")
         return {node: v for (c, node), (v, _) in self.backend.heartbeats.items() if c == cluster}
+
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        self.backend_requests.report("get")
+        found = self.backend.heartbeats.get((cluster, node))
+        return None if found is None else decode_heartbeat(found[1], cluster, node)
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         self.backend_requests.report("put")

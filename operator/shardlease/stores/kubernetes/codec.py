@@ -16,11 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shardlease.errors import StoreError
+from shardlease.errors import CorruptRecord, StoreError
 from shardlease.records import (
     FORMAT,
     MAX_RECORD_BYTES,
+    Heartbeat,
     Lease,
+    NewerFormat,
     Stored,
 )
 
@@ -45,6 +47,8 @@ ANN_EPOCH = f"{GROUP}/epoch"
 #: A free lease kept for a node (`Lease.reserved_for`), and for how long.
 ANN_RESERVED_FOR = f"{GROUP}/reserved-for"
 ANN_HOLD = f"{GROUP}/hold"
+#: A heartbeat's `holds_by` (absent: 0, as heartbeats before the field).
+ANN_HOLDS_BY = f"{GROUP}/holds-by"
 #: A lease record's `format`, written only when it is not 1 (so a Lease object
 #: of format 1 is what versions before the field wrote); absent: 1.
 ANN_FORMAT = f"{GROUP}/format"
@@ -253,6 +257,54 @@ def object_to_lease(obj: dict[str, Any], cluster: str, shard: int,
     except (ValueError, TypeError, AttributeError) as e:
         return Stored(version, None, f"invalid lease object {name!r}: {e}",
                       _recovered_generation(obj))
+
+
+def heartbeat_to_object(heartbeat: Heartbeat, namespace: str) -> dict[str, Any]:
+    """A heartbeat as the Lease object that creates it (`seq` is not kept)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": node_object_name(heartbeat.cluster, heartbeat.node),
+                     "namespace": namespace,
+                     "labels": {LABEL_CLUSTER: heartbeat.cluster, LABEL_KIND: "heartbeat"},
+                     "annotations": {ANN_NODE: heartbeat.node,
+                                     ANN_WRITE_ID: heartbeat.write_id,
+                                     ANN_INCARNATION: heartbeat.incarnation,
+                                     ANN_HOLDS_BY: repr(heartbeat.holds_by)}},
+        "spec": {"holderIdentity": heartbeat.node, "renewTime": _micro(heartbeat.at)},
+    }
+
+
+def object_to_heartbeat(obj: dict[str, Any], cluster: str, node: str) -> Heartbeat:
+    """A heartbeat Lease object as a `Heartbeat` (its `seq` is not kept: 0).
+    Raises `CorruptRecord` if it is not one of this cluster's node's, or if
+    its format annotation is above `FORMAT` (`NewerFormat`)."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    try:
+        if (size := _size(obj)) > OBJECT_LIMIT:
+            raise ValueError(f"the object is {size} bytes, more than the {OBJECT_LIMIT} allowed")
+        labels = meta.get("labels") or {}
+        ann = meta.get("annotations") or {}
+        spec = obj.get("spec") or {}
+        if (format := _format(ann)) > FORMAT:
+            raise NewerFormat("heartbeat", format)
+        if labels.get(LABEL_CLUSTER) != cluster or ann.get(ANN_NODE) != node:
+            raise ValueError(f"it names cluster {labels.get(LABEL_CLUSTER)!r} node "
+                             f"{ann.get(ANN_NODE)!r}, not {cluster!r} {node!r}")
+        return Heartbeat.model_validate({
+            "cluster": cluster, "node": node,
+            "incarnation": ann.get(ANN_INCARNATION), "seq": 0,
+            "write_id": ann.get(ANN_WRITE_ID), "at": _epoch(spec.get("renewTime")),
+            "holds_by": float(ann.get(ANN_HOLDS_BY) or 0), "format": format})
+    except NewerFormat:
+        raise
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise CorruptRecord(f"invalid heartbeat object {name!r}: {e.error_count()} problem(s); "
+                            f"first: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+                            ) from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise CorruptRecord(f"invalid heartbeat object {name!r}: {e}") from None
 
 
 @dataclass

@@ -33,6 +33,7 @@ from shardlease.stores.kubernetes.codec import (
     ANN_EPOCH,
     ANN_FORMAT,
     ANN_HOLD,
+    ANN_HOLDS_BY,
     ANN_INCARNATION,
     ANN_NODE,
     ANN_RECORD,
@@ -51,10 +52,12 @@ from shardlease.stores.kubernetes.codec import (
     _micro,
     _status_error,
     epoch_object_name,
+    heartbeat_to_object,
     lease_name,
     lease_to_object,
     legacy_lease_name,
     node_object_name,
+    object_to_heartbeat,
     object_to_lease,
 )
 from shardlease.stores.kubernetes.informer import (
@@ -410,12 +413,22 @@ class KubernetesStore(LeaseStore):
     async def list_heartbeats(self, cluster: str) -> dict[str, str]:
         return _heartbeats_of(cluster, await self._entries(cluster, "heartbeat"))
 
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        name = node_object_name(cluster, node)
+        status, payload = await self._request("GET", self._path(name), kind="get")
+        if status == 404:
+            return None
+        if status != 200:
+            raise self._fail(f"reading the heartbeat of {node}", status, payload)
+        return object_to_heartbeat(payload, cluster, node)
+
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         # Each node writes only its own heartbeat: a merge patch needs no
         # version, and a create follows only the first beat.
         name = node_object_name(heartbeat.cluster, heartbeat.node)
         patch = {"metadata": {"annotations": {ANN_WRITE_ID: heartbeat.write_id,
-                                              ANN_INCARNATION: heartbeat.incarnation}},
+                                              ANN_INCARNATION: heartbeat.incarnation,
+                                              ANN_HOLDS_BY: repr(heartbeat.holds_by)}},
                  "spec": {"renewTime": _micro(heartbeat.at)}}
         key = (heartbeat.cluster, heartbeat.node)
         if key in self._beat_versions:
@@ -425,15 +438,7 @@ class KubernetesStore(LeaseStore):
                 return
             if status != 404:
                 raise self._fail(f"heartbeat of {heartbeat.node}", status, payload)
-        body = {
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": self.namespace,
-                         "labels": {LABEL_CLUSTER: heartbeat.cluster, LABEL_KIND: "heartbeat"},
-                         "annotations": {ANN_NODE: heartbeat.node,
-                                         ANN_WRITE_ID: heartbeat.write_id,
-                                         ANN_INCARNATION: heartbeat.incarnation}},
-            "spec": {"holderIdentity": heartbeat.node, "renewTime": _micro(heartbeat.at)},
-        }
+        body = heartbeat_to_object(heartbeat, self.namespace)
         status, payload = await self._request("POST", self._path(), body=body, kind="put")
         if status == 409:
             status, payload = await self._request("PATCH", self._path(name), body=patch,

@@ -26,6 +26,7 @@ from shardlease.records import (
     Heartbeat,
     Lease,
     Stored,
+    decode_heartbeat,
     encode,
     stored_epoch,
     stored_lease,
@@ -681,6 +682,13 @@ class S3Store(LeaseStore):
         listed = await self._list(directory)
         return {key[len(directory):]: etag for key, (etag, _) in listed.items()
                 if len(key) > len(directory)}
+
+    async def get_heartbeat(self, cluster: str, node: str) -> Heartbeat | None:
+        got = await self._read(self._heartbeat_dir(cluster) + _segment("node", node))
+        if got is None:
+            return None
+        _, data, _ = got  # (at most MAX_RECORD_BYTES + 1 bytes: one more is refused)
+        return decode_heartbeat(data, cluster, node)
 
     async def put_heartbeat(self, heartbeat: Heartbeat) -> None:
         key = self._heartbeat_dir(heartbeat.cluster) + _segment("node", heartbeat.node)
