@@ -608,6 +608,64 @@ async def test_a_refusal_is_kept_from_every_node_for_as_long_as_a_heartbeat_says
     await a.stop()
 
 
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+@virtual
+async def test_a_blind_claim_is_not_released_before_its_host_answers_the_open(
+        renewal: str) -> None:
+    # Issue 38 (regression seed-1851953618): a claim made with no generation
+    # known (no record, none seen: 1) may be of a generation a host opened
+    # already, under a record deleted since; only the host can say. Above
+    # its share, a node gives such a shard up only once the host answered:
+    # here one is opening, the other waiting for the one open slot.
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=2, renewal=renewal, max_concurrency=1).start()
+    gates = {0: asyncio.Event(), 1: asyncio.Event()}
+    a.host.open_gates.update(gates)
+    await claimed()
+    b = Node("b", backend, shards=2, renewal=renewal).start()
+    await asyncio.sleep(30.0)  # (b is live, a above its share of 1)
+    assert [(rec := lease(backend, s)) and rec.owner for s in (0, 1)] == ["a", "a"]
+    assert a.of(Release) == []
+    for gate in gates.values():
+        gate.set()
+    await asyncio.sleep(30.0)
+    owners = sorted((rec := lease(backend, s)) and rec.owner or "" for s in (0, 1))
+    assert owners == ["a", "b"]
+    assert len(a.of(Release)) == 1
+    await b.stop()
+    await a.stop()
+
+
+@pytest.mark.parametrize("renewal", ["shard", "node"])
+@virtual
+async def test_a_claim_freed_before_its_host_answered_is_kept_from_every_node_if_blind(
+        renewal: str) -> None:
+    # Issue 38: stopped while the open of a blind claim is in flight, the
+    # free keeps the shard from every node as a refusal's does (the host
+    # may have refused it); a claim of a known generation is freed plainly.
+    backend = MemoryBackend()
+    holds = []
+    for run in range(2):
+        a = Node("a", backend, shards=1, renewal=renewal).start()
+        a.host.open_gates[0] = asyncio.Event()
+        await claimed()
+        for _ in range(12):  # (the first run's free keeps it a while)
+            if a.host.ops(0):
+                break
+            await asyncio.sleep(5.0)
+        assert a.host.ops(0) == ["open"]
+        await a.stop()
+        rec = lease(backend, 0)
+        assert rec is not None and rec.generation == run + 1
+        if run and renewal == "node":
+            # Known: left to the end of the epoch, which frees it at once.
+            assert rec.owner == "a" and a.of(Release)[-1][1].ended
+        else:
+            assert rec.owner is None
+        holds.append(rec.hold)
+    assert holds == [15.0, 0.0]
+
+
 @virtual
 async def test_a_host_that_keeps_refusing_as_outdated_cools_down_from_the_second_time() -> None:
     from shardlease.loop import preference

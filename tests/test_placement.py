@@ -45,9 +45,9 @@ def least_first(shards: list[int], node: str = NODE) -> tuple[int, ...]:
 
 
 def held(shard: int, *, active: bool = True, opened: bool = True,
-         adopted: bool = False, claimed_in: int = 0) -> Held:
+         adopted: bool = False, claimed_in: int = 0, blind: bool = False) -> Held:
     return Held(shard=shard, active=active, opened=opened, adopted=adopted,
-                claimed_in=claimed_in)
+                claimed_in=claimed_in, blind=blind)
 
 
 def free(shard: int, free_for: float = 0.0, cooling_until: float | None = None) -> Candidate:
@@ -129,6 +129,19 @@ def _release_cases() -> list[tuple[View, tuple[int, ...]]]:
         (view(live=4, held=(held(0, claimed_in=1), held(1, claimed_in=9),
                             held(2, opened=False), held(3, adopted=True, claimed_in=12))),
          (2, 1)),
+        # share 2: a blind claim not yet answered stays, though it is the
+        # cheapest (not opened); the least preferred opened one goes instead.
+        (view(live=4, held=(held(0), held(1), held(2, opened=False, blind=True))),
+         least_first([0, 1])[:1]),
+        # share 1: two above the share, but one is blind: only the other goes
+        # this round (the blind one in a later round, once answered).
+        (view(live=8, held=(held(0), held(1, opened=False, blind=True))), (0,)),
+        # share 1: every shard blind: nothing goes this round.
+        (view(live=8, held=(held(0, blind=True), held(1, opened=False, blind=True))), ()),
+        # share 0 while stopping: blind ones go too (their free waits as a
+        # refusal's: keeper.Held.blind).
+        (view(stopping=True, held=(held(0), held(1, opened=False, blind=True))),
+         (1, 0)),
     ]
     return cases
 
@@ -146,6 +159,10 @@ def _release_cases() -> list[tuple[View, tuple[int, ...]]]:
     "above the share the shards claimed last are released first",
     "claimed in one round, the least preferred of them goes first",
     "not opened, then claimed last, then adopted",
+    "a blind claim whose open is not answered is not released above the share",
+    "above the share with a blind claim, only the others go",
+    "above the share with only blind claims, nothing goes",
+    "a stopping node releases blind claims too",
 ])
 def test_release(v: View, release: tuple[int, ...]) -> None:
     # The cases that rely on preference order need distinct scores.

@@ -251,6 +251,29 @@ async def test_an_open_refused_for_a_newer_generation_reports_it_with_the_close(
 
 
 @virtual
+async def test_the_close_says_whether_the_host_accepted_the_open() -> None:
+    # A blind claim (issue 38) learns only from this that its generation was
+    # new to the host: opened and released (0), refused (1), failed (2),
+    # released while waiting for a slot, never asked (3).
+    h = Harness(max_concurrency=1).start()
+    h.host.open_gates[0] = asyncio.Event()
+    h.host.open_errors[1] = OutdatedGeneration("seen 7", shard=1, generation=1, highest=7)
+    h.host.open_errors[2] = HostError("no disk")
+    for shard in range(4):
+        h.runner.start(shard, 1, deadline=100.0)
+    await asyncio.sleep(1)
+    h.runner.stop(3, Reason.RELEASE)
+    h.host.open_gates[0].set()
+    await asyncio.sleep(1)
+    h.runner.stop(0, Reason.RELEASE)
+    await asyncio.sleep(1)
+    opened = {e.shard: e.opened for e in h.ended}
+    assert opened == {0: True, 1: False, 2: False, 3: False}
+    assert "open" not in h.host.ops(3)
+    await h.stop()
+
+
+@virtual
 async def test_a_timed_out_open_closes_the_shard_and_reports_open_failed() -> None:
     h = Harness(open_timeout=3.0).start()
     h.host.open_gates[0] = asyncio.Event()

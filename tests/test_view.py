@@ -366,3 +366,36 @@ def test_a_claim_over_a_deletion_this_node_never_saw(
         view.observe({2: freed}, 4, 12.1 + TTL, ())
         view.attribute([2], {2: freed}, [epoch([2], node="b")], 12.1 + TTL, since=0.0)
         assert not view.claimable(2, freed, 12.1 + TTL)
+
+
+@pytest.mark.parametrize(("keepers", "ended", "kept"), [
+    (None, (), None),
+    ([], (), frozenset()),
+    ([epoch([1, 3])], (), frozenset({1, 3})),
+    ([epoch([1]), epoch([2, 3], node="c")], (), frozenset({1, 2, 3})),
+    ([epoch([])], (), frozenset()),
+    ([epoch(None)], (), None),
+    ([epoch("A")], (), None),
+    ([epoch([1]), epoch(None, node="c")], ("c",), frozenset({1})),
+    ([epoch([1]), epoch([2], node="c")], ("b",), frozenset({2})),
+], ids=[
+    "epochs that could not be read: any shard may be kept",
+    "no epoch: none is kept",
+    "an epoch keeps what its bitmap says",
+    "several epochs: what any of them keeps",
+    "an epoch that keeps nothing",
+    "a live epoch that says nothing may keep anything",
+    "a live epoch whose bitmap cannot be read may keep anything",
+    "an ended epoch keeps nothing, whatever it says",
+    "...nor what its bitmap says",
+])
+def test_what_the_live_epochs_keep_for_a_blind_claim(
+        keepers: list[Epoch] | None, ended: tuple[str, ...],
+        kept: frozenset[int] | None) -> None:
+    # Issue 38 (regression seed-123095345): a node-mode claim of a shard
+    # whose generation this node never knew is not made while a live epoch
+    # of another node keeps it.
+    view = make_view()
+    for node in ended:
+        view.epochs.ended.add((node, "e1"))
+    assert view.kept_live(keepers, 20.0) == kept

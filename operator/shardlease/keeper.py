@@ -93,6 +93,14 @@ class Held:
     #: `view.LeaseView.refusal_wait`; 0: none). Why a field: the view
     #: judges it when the refusal comes, the free writes it later.
     reserve: float = 0.0
+    #: Claimed blind: no record of it could be read and this node knew no
+    #: generation of it, so the one claimed (1) may be one another node
+    #: opened and holds still (its record deleted under it; regressions
+    #: seed-123095345, seed-1851953618). Until its host answers the open
+    #: it is not released (`placement.Held.blind`), and a free before that
+    #: keeps it from every node as a refusal's does (`on_closed`): only the
+    #: host can tell whether the generation was new.
+    blind: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def wrote(self, lease: Lease, version: str, now: float) -> None:
@@ -477,6 +485,10 @@ class Keeper:
         if ended.highest is not None:
             held.floor = max(ended.highest, held.floor)
             held.reserve = max(reserve, held.reserve)
+        elif held.blind and not ended.opened:
+            # Never answered (a stop, a fence, a failed open): the host may
+            # have refused it had it asked, so the free waits as a refusal's.
+            held.reserve = max(reserve, held.reserve)
         if not ended.closed:
             self.left_to_expire(shard, ended.expiry - now)
         self._start_free(shard, held)
@@ -521,10 +533,11 @@ class Keeper:
         async with held.lock:
             if self.held.get(shard) is not held or held.free_after > self.clock.monotonic():
                 return
-            # (Not one the host refused: the end would free it for every
-            # node at once, where its free keeps it from all for a while.)
+            # (Not one the host refused, nor a blind one it never answered:
+            # the end would free it for every node at once, where its free
+            # keeps it from all for a while.)
             if not alone and held.by_epoch and self._left_to_end(held.lease) \
-                    and held.floor == 0:
+                    and held.floor == 0 and held.reserve == 0:
                 # One write ends the epoch and frees every lease of it
                 # (`end_epoch`), rather than one write per shard.
                 self.held.pop(shard, None)

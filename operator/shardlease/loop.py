@@ -845,7 +845,9 @@ class PlacementLoop:
     def _placement_held(self) -> list[placement.Held]:
         return [placement.Held(shard=s, active=h.phase is Phase.HELD, adopted=h.adopted,
                                opened=self.runner.state(s) not in (State.WAITING, None),
-                               claimed_in=h.claimed_in)
+                               claimed_in=h.claimed_in,
+                               blind=h.blind and self.runner.state(s) in (
+                                   State.WAITING, State.OPENING))
                 for s, h in self.held.items()]
 
     def _plan(self, leases: dict[int, Stored[Lease]] | None, live: int, *,
@@ -906,14 +908,15 @@ class PlacementLoop:
 
     async def _claim(self, leases: dict[int, Stored[Lease]], chosen: Iterable[int],
                      adopt: Iterable[int], spare: Iterable[int] = ()) -> None:
-        chosen, adopted = list(chosen), set(adopt)
-        # A chosen shard lost to a peer (its claim or its epoch's end was
-        # first) is followed by the next spare, in this round.
-        spares = iter(list(spare))
+        chosen, adopted, spare = list(chosen), set(adopt), list(spare)
         if not chosen and not adopted:
             return
         if self.mode == "node" and not self.own.valid():
             return  # no epoch to tie a lease to yet, or it is failing
+        skip = await self._unkept(leases, [*chosen, *adopted, *spare])
+        # A chosen shard lost to a peer (its claim or its epoch's end was
+        # first) is followed by the next spare, in this round.
+        spares = iter([s for s in spare if s not in skip])
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)
         # Each silent epoch is ended once, before any of its leases is claimed.
         ending: dict[EpochKey, asyncio.Task[bool]] = {}
@@ -931,6 +934,8 @@ class PlacementLoop:
 
         async def one(shard: int) -> bool:
             """Claim `shard`; False if a peer was first."""
+            if shard in skip:
+                return True  # (not lost to a peer: kept by a live epoch)
             stored = leases.get(shard)
             rec = stored.record if stored is not None else None
             if rec is None:
@@ -968,6 +973,34 @@ class PlacementLoop:
             # contention cannot spin; each lost race was a peer's claim.
             self.hint(settle=False)
 
+    def _blind(self, shard: int, leases: dict[int, Stored[Lease]]) -> bool:
+        """Whether a claim of `shard` would be blind: no generation of it known
+        (no record, none ever seen), so the one claimed is 1."""
+        stored = leases.get(shard)
+        return (stored is None or stored.generation is None) \
+            and shard not in self.view.max_generation
+
+    async def _unkept(self, leases: dict[int, Stored[Lease]],
+                      shards: list[int]) -> set[int]:
+        """Node mode: the blind claims among `shards` that a live epoch of
+        another node keeps (`view.LeaseView.kept_live` says why), or all of
+        them if the epochs cannot be read: not made this round."""
+        if self.mode != "node":
+            return set()
+        blind = [s for s in shards if self._blind(s, leases)]
+        if not blind:
+            return set()
+        keepers = await self.epoch_watch.keepers(self.own.all)
+        kept = self.view.kept_live(keepers, self.clock.monotonic())
+        skip = {s for s in blind if kept is None or s in kept}
+        if skip:
+            logger.info("not claiming shard(s) %s: no record of them was ever seen here, and "
+                        "%s", ",".join(map(str, sorted(skip))),
+                        "the epochs could not all be read" if kept is None
+                        else "a live epoch of another node keeps them (their records were "
+                        "deleted under it)")
+        return skip
+
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
                          adopted: bool = False) -> bool:
         """Claim one shard (and open it); False if another node was first."""
@@ -975,7 +1008,9 @@ class PlacementLoop:
         previous = stored.generation if stored is not None else None
         if stored is not None and stored.record is None:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
-        generation = max(previous or 0, self.view.max_generation.get(shard, 0)) + 1
+        known = self.view.max_generation.get(shard)
+        generation = max(previous or 0, known or 0) + 1
+        blind = previous is None and known is None
         now = self.clock.wall()
         epoch = self.epoch
         by_epoch = self.mode == "node"
@@ -1005,20 +1040,23 @@ class PlacementLoop:
             # Stopped (or the epoch ended, or its deadline passed: a slow
             # write) while the claim was in flight: never opened; the
             # renewals free it.
-            held = Held(lease, version, changed_at=self.clock.monotonic())
+            held = Held(lease, version, changed_at=self.clock.monotonic(), blind=blind,
+                        reserve=self.view.refusal_wait(shard) if blind else 0.0)
             held.closed(Reason.SHUTDOWN if self.stopping else Reason.FENCED,
                         self.clock.monotonic())
             self.held[shard] = held
             return True
-        self.held[shard] = Held(lease, version, adopted=adopted,
+        self.held[shard] = Held(lease, version, adopted=adopted, blind=blind,
                                 changed_at=self.clock.monotonic(), claimed_in=self.rounds)
         self.view.claimed(shard, lease)
         try:
             self.runner.start(shard, generation, deadline)
         except EngineError as e:
             # It ended while we claimed: never opened, so the lease is freed
-            # on the way out.
+            # on the way out (a blind one kept from every node a while).
             self.held[shard].closed(Reason.SHUTDOWN, self.clock.monotonic())
+            if blind:
+                self.held[shard].reserve = self.view.refusal_wait(shard)
             raise RunnerDied("the shard runner stopped") from e
         self.keeper.claimed(shard, sent)
         if adopted:

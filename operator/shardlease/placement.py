@@ -19,7 +19,8 @@ A round's plan (`plan`):
    (so it keeps the ones it would claim), adopted ones last (a peer's host
    may have refused them); at most
    `max_moves` of the latter per round, if set (`maxMovesPerRound`: a large
-   scale change spread over rounds);
+   scale change spread over rounds); never one claimed blind whose open its
+   host has not answered (`Held.blind`), but by a stop;
 3. claim the shards kept for this node by name (a pod back from a restart
    under `handoff: hold`), all of them in its first intervals (`returning`),
    within the share after; then up to the share among the
@@ -117,6 +118,13 @@ class Held:
     #: The round of this node that claimed it: of the shards above the
     #: share, the newest go first.
     claimed_in: int = 0
+    #: Claimed blind (no generation of it known) and its open not answered
+    #: yet: not released above the share, only by a stop. Its free would
+    #: hand the shard on as though its generation were known to be new,
+    #: where only the host's answer says so (regressions seed-123095345,
+    #: seed-1851953618: freed before its open, claimed again one higher,
+    #: opened beside the owner whose record had been deleted).
+    blind: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,7 +206,7 @@ def plan(view: View) -> Plan:
     share = fair_share(view.shards, view.live, stopping=view.stopping)
     beyond = releases_beyond(view.held, view.shards)
     keep = [h for h in view.held if h.active and h.shard < view.shards]
-    excess = _excess(view.node, keep, share)
+    excess = _excess(view.node, keep, share, stopping=view.stopping)
     if view.max_moves is not None and not view.stopping:
         # (The rest goes in the next rounds; meanwhile this node claims
         # nothing, being above its share.)
@@ -227,11 +235,16 @@ def plan(view: View) -> Plan:
     return Plan(share=share, release=release, claim=claim, adopt=adopt, spare=spare)
 
 
-def _excess(node: str, keep: list[Held], share: int) -> tuple[int, ...]:
-    """The held shards above the share to release, cheapest first."""
+def _excess(node: str, keep: list[Held], share: int, *,
+            stopping: bool = False) -> tuple[int, ...]:
+    """The held shards above the share to release, cheapest first; none
+    claimed blind and not yet answered, but by a stop (they go in a later
+    round, once their host answered)."""
     excess = len(keep) - share
     if excess <= 0:
         return ()
+    if not stopping:
+        keep = [h for h in keep if not h.blind]
 
     def cost(h: Held) -> tuple[bool, bool, int, int]:
         return (h.adopted, h.opened, -h.claimed_in, preference(node, h.shard))

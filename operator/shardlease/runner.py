@@ -106,6 +106,10 @@ class Ended:
     #: The host refused the open as outdated (whatever the reason the shard
     #: was stopped for): the highest generation it has seen.
     highest: int | None = None
+    #: The host accepted the open: the generation was new to it. A claim
+    #: made blind (no generation known) learns only from this, or from a
+    #: refusal, that no other node may still have the shard open.
+    opened: bool = False
 
 
 @dataclass(eq=False)
@@ -124,6 +128,8 @@ class _Shard:
     told: float | None = None
     #: Reason.OUTDATED: the highest generation the host has seen.
     highest: int | None = None
+    #: The host accepted its open (`Ended.opened`).
+    accepted: bool = False
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     fenced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -492,6 +498,7 @@ class Runner:
         opened = await self._open(st)
         if opened:
             st.state = State.OPEN
+            st.accepted = True
             now_m, now_w = self.clock.monotonic(), self.clock.wall()
             self.telemetry.emit(Opened(cluster=self.cluster, node=self.node, shard=st.shard,
                                        generation=st.generation, deadline=st.deadline,
@@ -699,7 +706,7 @@ class Runner:
         if self.on_closed is not None:
             self.on_closed(Ended(shard=st.shard, reason=reason, closed=closed,
                                  expiry=self._expiry(st),
-                                 highest=st.highest))
+                                 highest=st.highest, opened=st.accepted))
         self._wake.set()
 
 

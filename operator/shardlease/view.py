@@ -451,6 +451,38 @@ class LeaseView:
                                                                 self.refusal_wait(shard)):
                 self.unkept[shard] = MISSING if stored is None else stored.version
 
+    def kept_live(self, keepers: list[Epoch] | None, now: float) -> frozenset[int] | None:
+        """The shards the live epochs among `keepers` (`EpochWatch.keepers`,
+        read just now) say they keep; None if they may keep any (they could
+        not be read, or a live one says nothing readable).
+
+        Why a node-mode claim of a shard it knows no generation of asks
+        (`loop.PlacementLoop._claim`): its record may have been deleted
+        under an owner that keeps it open by its epoch, whose listings are
+        stale and whose repairs fail; a node that never saw the record has
+        nothing else to tell it from a shard nobody ever held, and would
+        claim generation 1, which that owner opened (regression
+        seed-123095345). The owner's epoch has named it since the first
+        epoch write after its claim; before that write it holds it no longer
+        than its claim gave, and only at generation 1 too, which the host
+        of a blind claim refuses."""
+        if keepers is None:
+            return None
+        kept: set[int] = set()
+        for epoch in keepers:
+            lease = Lease(cluster=self.cluster, shard=0, owner=epoch.node, generation=0,
+                          incarnation=epoch.epoch, write_id="learned-from-its-epoch",
+                          ttl=epoch.ttl, renewal="node")
+            if self.epochs.over(lease, now):
+                continue
+            if epoch.keeps is None:
+                return None
+            try:
+                kept |= decode_shards(epoch.keeps)
+            except CorruptRecord:
+                return None
+        return frozenset(kept)
+
     def kept_by_epoch(self, shard: int) -> Lease | None:
         """Who keeps a shard whose record is damaged now, by its epoch: what
         the epochs said (`attribute`), else the last valid record this node

@@ -817,98 +817,6 @@ REGRESSIONS += [
 #: Found or made cases whose bug is known and not fixed yet: each must still
 #: fail (test_pending_cases_still_fail); it moves to REGRESSIONS with its fix.
 PENDING: list[Regression] = [
-    Regression(
-        "seed-123095345",
-        "refusal: (a) shard 0: open on j1 (generation 2) at 37.600 while still open on n0 "
-        "(generation 1, deadline 53.6) until 42.100. Family B through a blind claim seen by "
-        "nobody who knew (the explorer, node mode, 2026-12-07): n0 keeps 0 by its live epoch, "
-        "its listings stale and its lease calls failing; the record is deleted at 27.1, when "
-        "j0 joins: j0 claims it missing at 1 and frees it before its open; j1, which joined "
-        "after the deletion and never saw the record either, claims that free at 2. Open: "
-        "nothing but n0's epoch (its keeps) says that n0 holds it",
-        SwarmCase(nodes=2, shards=10, seed=4285018019, lease_ttl=15.0, interval=None,
-                  margin=None, max_concurrency=1, renewal="node", faults=(
-                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 6.0), ('interval',
-                          None), ('margin', None))),
-                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 6.0), ('interval',
-                          None), ('margin', None))),
-                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 9.0), ('interval',
-                          None), ('margin', None))),
-                      Reconfigure(at=22.6, node=None, changes=(('lease_ttl', 9.0), ('interval',
-                          None), ('margin', None))),
-                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
-                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
-                      Corrupt(at=27.1, shard=2, how='deleted'),
-                      Join(at=27.1, node='j0', wall_skew=0.0),
-                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
-                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
-                      Corrupt(at=27.1, shard=3, how='deleted'),
-                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
-                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
-                      Corrupt(at=27.1, shard=7, how='deleted'),
-                      Corrupt(at=27.1, shard=0, how='deleted'),
-                      HostFault(at=27.1, until=57.1, node=None, open_latency=5.0,
-                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
-                          refuse=frozenset()),
-                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
-                          stale=True, reply_share=0.0),
-                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
-                          'update_lease', 'get_lease'}), shards=None, stale=False,
-                          reply_share=0.0),
-                      StoreFault(at=27.6, until=57.6, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
-                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
-                      Corrupt(at=27.6, shard=9, how='deleted'),
-                      Join(at=27.6, node='j1', wall_skew=0.0),
-                      Join(at=28.6, node='j0', wall_skew=0.0),
-                      Join(at=32.1, node='j0', wall_skew=0.0),
-                      Leave(at=39.6, node='n1', hold=0.0),
-                      Corrupt(at=51.3, shard=3, how='deleted'),
-                      Leave(at=71.3, node='n1', hold=4.5),
-                      Join(at=72.2, node='n1', wall_skew=0.0)),
-                  kinds=("refusal",), origin=123095345)),
-    Regression(
-        "seed-1851953618",
-        "refusal: (a) shard 0: open on j1 (generation 2) at 83.954 while still open on n0 "
-        "(generation 1, deadline 102.2) until 102.240. The shard-mode twin of seed-123095345 "
-        "(the explorer, 2026-12-07): n0's listings stale and its lease calls failing, its "
-        "deadline still 102.2; the record is deleted at 47.7, when j0 joins; j0 claims it "
-        "missing at 1 and frees it before its open (queued behind a 20 s one); j1, which "
-        "joined after the deletion, claims that free at 2",
-        SwarmCase(nodes=2, shards=4, seed=200439945, lease_ttl=90.0, interval=10.0, margin=5.0,
-                  max_concurrency=1, renewal="shard", faults=(
-                      Corrupt(at=23.9, shard=3, how='deleted'),
-                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
-                          stale=True, reply_share=0.0),
-                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
-                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'get_lease',
-                          'update_lease', 'create_lease'}), shards=None, stale=False,
-                          reply_share=0.0),
-                      Corrupt(at=43.5, shard=3, how='deleted'),
-                      HostFault(at=43.5, until=103.5, node=None, open_latency=5.0,
-                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
-                          refuse=frozenset()),
-                      Corrupt(at=47.7, shard=0, how='deleted'),
-                      Join(at=47.7, node='j0', wall_skew=0.0),
-                      HostFault(at=47.7, until=107.7, node=None, open_latency=20.0,
-                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
-                          refuse=frozenset()),
-                      Join(at=48.5, node='j0', wall_skew=0.0),
-                      Join(at=62.7, node='j1', wall_skew=0.0),
-                      Leave(at=63.9, node='n1', hold=0.0),
-                      Join(at=64.9, node='n1', wall_skew=0.0),
-                      Corrupt(at=237.9, shard=0, how='deleted'),
-                      HostFault(at=237.9, until=297.9, node=None, open_latency=20.0,
-                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
-                          refuse=frozenset()),
-                      Join(at=252.9, node='j1', wall_skew=0.0)),
-                  kinds=("refusal",), origin=1851953618, hints=Hints(drop=0.3, delay=3.0))),
 ]
 
 
@@ -1310,10 +1218,110 @@ REGRESSIONS += [
                   kinds=("refusal",), origin=2438274690, hints=Hints(drop=0.3, delay=3.0))),
 ]
 
+REGRESSIONS += [
+    Regression(
+        "seed-123095345",
+        "refusal: (a) shard 0: open on j1 (generation 2) at 37.600 while still open on n0 "
+        "(generation 1, deadline 53.6) until 42.100. Family B through a blind claim seen by "
+        "nobody who knew (the explorer, node mode, 2026-12-07): n0 keeps 0 by its live epoch, "
+        "its listings stale and its lease calls failing; the record is deleted at 27.1, when "
+        "j0 joins: j0 claims it missing at 1 and frees it before its open; j1, which joined "
+        "after the deletion and never saw the record either, claims that free at 2. Open: "
+        "nothing but n0's epoch (its keeps) says that n0 holds it. Fixed: a node-mode claim "
+        "of a shard this node knows no generation of (a blind claim) reads the epochs "
+        "first, and skips one a live epoch keeps (loop.PlacementLoop._unkept, "
+        "view.LeaseView.kept_live; the mutant blind-claim-ignores-the-epochs)",
+        SwarmCase(nodes=2, shards=10, seed=4285018019, lease_ttl=15.0, interval=None,
+                  margin=None, max_concurrency=1, renewal="node", faults=(
+                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 6.0), ('interval',
+                          None), ('margin', None))),
+                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 6.0), ('interval',
+                          None), ('margin', None))),
+                      Reconfigure(at=22.1, node=None, changes=(('lease_ttl', 9.0), ('interval',
+                          None), ('margin', None))),
+                      Reconfigure(at=22.6, node=None, changes=(('lease_ttl', 9.0), ('interval',
+                          None), ('margin', None))),
+                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=27.1, shard=2, how='deleted'),
+                      Join(at=27.1, node='j0', wall_skew=0.0),
+                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=27.1, shard=3, how='deleted'),
+                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=27.1, shard=7, how='deleted'),
+                      Corrupt(at=27.1, shard=0, how='deleted'),
+                      HostFault(at=27.1, until=57.1, node=None, open_latency=5.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=27.1, until=57.1, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease', 'get_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      StoreFault(at=27.6, until=57.6, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'create_lease',
+                          'update_lease'}), shards=None, stale=False, reply_share=0.0),
+                      Corrupt(at=27.6, shard=9, how='deleted'),
+                      Join(at=27.6, node='j1', wall_skew=0.0),
+                      Join(at=28.6, node='j0', wall_skew=0.0),
+                      Join(at=32.1, node='j0', wall_skew=0.0),
+                      Leave(at=39.6, node='n1', hold=0.0),
+                      Corrupt(at=51.3, shard=3, how='deleted'),
+                      Leave(at=71.3, node='n1', hold=4.5),
+                      Join(at=72.2, node='n1', wall_skew=0.0)),
+                  kinds=("refusal",), origin=123095345)),
+    Regression(
+        "seed-1851953618",
+        "refusal: (a) shard 0: open on j1 (generation 2) at 83.954 while still open on n0 "
+        "(generation 1, deadline 102.2) until 102.240. The shard-mode twin of seed-123095345 "
+        "(the explorer, 2026-12-07): n0's listings stale and its lease calls failing, its "
+        "deadline still 102.2; the record is deleted at 47.7, when j0 joins; j0 claims it "
+        "missing at 1 and frees it before its open (queued behind a 20 s one); j1, which "
+        "joined after the deletion, claims that free at 2. Fixed: a blind claim (no "
+        "generation of it known) is not released before its host answers the open "
+        "(placement.Held.blind), and a free before an answer keeps the shard from every "
+        "node as a refusal's does (keeper.Held.blind); here j0's open is refused as "
+        "outdated at 87.7 (the mutant blind-claim-released-before-its-open)",
+        SwarmCase(nodes=2, shards=4, seed=200439945, lease_ttl=90.0, interval=10.0, margin=5.0,
+                  max_concurrency=1, renewal="shard", faults=(
+                      Corrupt(at=23.9, shard=3, how='deleted'),
+                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=0.0, lost_reply_rate=0.0, calls=None, shards=None,
+                          stale=True, reply_share=0.0),
+                      StoreFault(at=23.9, until=203.9, node='n0', latency=0.0, jitter=0.0,
+                          error_rate=1.0, lost_reply_rate=0.0, calls=frozenset({'get_lease',
+                          'update_lease', 'create_lease'}), shards=None, stale=False,
+                          reply_share=0.0),
+                      Corrupt(at=43.5, shard=3, how='deleted'),
+                      HostFault(at=43.5, until=103.5, node=None, open_latency=5.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Corrupt(at=47.7, shard=0, how='deleted'),
+                      Join(at=47.7, node='j0', wall_skew=0.0),
+                      HostFault(at=47.7, until=107.7, node=None, open_latency=20.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Join(at=48.5, node='j0', wall_skew=0.0),
+                      Join(at=62.7, node='j1', wall_skew=0.0),
+                      Leave(at=63.9, node='n1', hold=0.0),
+                      Join(at=64.9, node='n1', wall_skew=0.0),
+                      Corrupt(at=237.9, shard=0, how='deleted'),
+                      HostFault(at=237.9, until=297.9, node=None, open_latency=20.0,
+                          close_latency=0.0, open_error_rate=0.0, close_error_rate=0.0,
+                          refuse=frozenset()),
+                      Join(at=252.9, node='j1', wall_skew=0.0)),
+                  kinds=("refusal",), origin=1851953618, hints=Hints(drop=0.3, delay=3.0))),
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
-#: ("refusal": seed-123095345 and seed-1851953618, a blind claim freed before
-#: its open and claimed by a node that never saw the deleted record either.
-#: Left out of the random swarm until they are fixed; the refusal kind's
-#: regressions above and the mutants that name `--kinds refusal` still run.)
-PENDING_KINDS: tuple[str, ...] = ("refusal",)
+#: (None now: "refusal" was out of the random swarm from seed-143 to
+#: seed-1851953618, fixed since.)
+PENDING_KINDS: tuple[str, ...] = ()
