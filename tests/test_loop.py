@@ -15,10 +15,11 @@ import pytest
 
 from shardlease.clock import LoopClock
 from shardlease.errors import OutdatedGeneration, RunnerDied
-from shardlease.keeper import refusal_hold, renewed_apart
+from shardlease.keeper import refusal_hold, renewed_apart, reservation
 from shardlease.loop import PlacementLoop, paced, settles, wakes, woken_due
 from shardlease.options import Options
 from shardlease.records import (
+    MAX_HOLD,
     MAX_LEASE_TTL,
     Heartbeat,
     Lease,
@@ -573,6 +574,22 @@ def test_a_refusals_free_keeps_the_shard_for_the_longest_ttl_any_heartbeat_holds
     assert refusal_hold(known, holds_by) == hold
 
 
+# What a free writes of a reservation (keeper.reservation): a stop's hold
+# keeps the shard for the stopping node's name; a refusal's wait keeps it
+# from every node, and a stop's hold never shortens it (issue 38, A3).
+@pytest.mark.parametrize(("refused", "stop_hold", "written"), [
+    (0.0, 0.0, (None, 0.0)),            # a plain free: no reservation (clears one)
+    (0.0, 20.0, ("a", 20.0)),           # a stop under handoff: hold, kept for its name
+    (30.0, 0.0, (None, 30.0)),          # a refusal: from every node
+    (30.0, 3.0, (None, 30.0)),          # A3: a shorter hold does not cut the wait
+    (30.0, 60.0, (None, 60.0)),         # a longer hold: for no node either
+    (MAX_HOLD + 1.0, 0.0, (None, MAX_HOLD)),
+])
+def test_what_a_free_writes_of_a_reservation(
+        refused: float, stop_hold: float, written: tuple[str | None, float]) -> None:
+    assert reservation(refused, stop_hold, "a") == written
+
+
 def beat_of(backend: MemoryBackend, node: str) -> Heartbeat:
     return decode_heartbeat(backend.heartbeats[(CLUSTER, node)][1], CLUSTER, node)
 
@@ -629,7 +646,7 @@ async def test_a_blind_claim_is_not_released_before_its_host_answers_the_open(
     for gate in gates.values():
         gate.set()
     await asyncio.sleep(30.0)
-    owners = sorted((rec := lease(backend, s)) and rec.owner or "" for s in (0, 1))
+    owners = sorted(((rec := lease(backend, s)) and rec.owner) or "" for s in (0, 1))
     assert owners == ["a", "b"]
     assert len(a.of(Release)) == 1
     await b.stop()

@@ -148,6 +148,36 @@ def refusal_hold(known: float, holds_by: list[float] | None) -> float:
     return min(MAX_HOLD, max(known, longest))
 
 
+def reservation(refused: float, stop_hold: float, name: str) -> tuple[str | None, float]:
+    """What a free writes of a reservation, (reserved_for, hold): kept for
+    this node's `name` for `stop_hold` seconds (a stop under `handoff: hold`;
+    0: none); kept from every node for `refused` seconds (the longest TTL a
+    node may still hold the shard by) after the host refused the claim's
+    generation as outdated, or never answered a blind claim's open; nothing
+    otherwise (and a free after a release clears an earlier one). A table
+    in tests/test_loop.py.
+
+    Why after a refusal: another host opened a generation at least as
+    high, and its node may hold the shard still (its record was deleted
+    or lost under it and claimed here by a node that could not know it).
+    Its renewals no longer land (the record is another's now), so its
+    deadline is past within a TTL of this claim, in node mode once it
+    sees its record gone. Claimed again above at once, the shard would
+    be open twice until then; the generation would fence the older
+    writer at the application, but two owners would be open. This node
+    waits out the same time (`view.LeaseView.refused`).
+
+    Kept for no node then, this one included (its next incarnation reads
+    the record, not this one's memory), and for no less than the stop's
+    hold: neither shortens the wait (issue 38, family A3: a hold shorter
+    than the TTL once replaced it)."""
+    if refused > 0:
+        return None, min(max(refused, stop_hold), MAX_HOLD)
+    if stop_hold > 0:
+        return name, stop_hold
+    return None, 0.0
+
+
 async def gather_limited(*calls: Callable[[], Awaitable[None]]) -> None:
     """Run the coroutine functions with at most WRITE_CONCURRENCY at once."""
     limit = asyncio.Semaphore(WRITE_CONCURRENCY)
@@ -571,30 +601,11 @@ class Keeper:
             self.telemetry.emit(Release(cluster=self.cluster, node=self.name, shard=shard))
 
     def _reservation(self, refused: float = 0.0) -> dict[str, object]:
-        """What a free writes of a reservation: kept for this node's name
-        while a stop under `handoff: hold` frees it; kept from every node
-        for `refused` seconds (the longest TTL a node may still hold the
-        shard by) after the host refused the claim's generation as outdated;
-        nothing otherwise (and a free after a release clears an earlier one).
-
-        Why after a refusal: another host opened a generation at least as
-        high, and its node may hold the shard still (its record was deleted
-        or lost under it and claimed here by a node that could not know it).
-        Its renewals no longer land (the record is another's now), so its
-        deadline is past within a TTL of this claim, in node mode once it
-        sees its record gone. Claimed again above at once, the shard would
-        be open twice until then; the generation would fence the older
-        writer at the application, but two owners would be open. This node
-        waits out the same time (`view.LeaseView.refused`)."""
-        if refused > 0:
-            # Kept for no node, this one included (its next incarnation reads
-            # the record, not this one's memory), and for no less than a
-            # stop's hold: neither shortens the wait.
-            hold = max(refused, self.hold if self.stopping() else 0.0)
-            return {"reserved_for": None, "hold": min(hold, MAX_HOLD)}
-        if self.stopping() and self.hold > 0:
-            return {"reserved_for": self.name, "hold": self.hold}
-        return {"reserved_for": None, "hold": 0.0}
+        """What a free writes of a reservation (`reservation`, from this
+        node's name and whether it stops under `handoff: hold`)."""
+        reserved_for, hold = reservation(refused, self.hold if self.stopping() else 0.0,
+                                         self.name)
+        return {"reserved_for": reserved_for, "hold": hold}
 
     def _left_to_end(self, lease: Lease) -> bool:
         """Stopping in node mode: a lease of the current epoch is freed by the
