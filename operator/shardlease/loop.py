@@ -973,13 +973,6 @@ class PlacementLoop:
             # contention cannot spin; each lost race was a peer's claim.
             self.hint(settle=False)
 
-    def _blind(self, shard: int, leases: dict[int, Stored[Lease]]) -> bool:
-        """Whether a claim of `shard` would be blind: no generation of it known
-        (no record, none ever seen), so the one claimed is 1."""
-        stored = leases.get(shard)
-        return (stored is None or stored.generation is None) \
-            and shard not in self.view.max_generation
-
     async def _unkept(self, leases: dict[int, Stored[Lease]],
                       shards: list[int]) -> set[int]:
         """Node mode: the blind claims among `shards` that a live epoch of
@@ -987,7 +980,7 @@ class PlacementLoop:
         them if the epochs cannot be read: not made this round."""
         if self.mode != "node":
             return set()
-        blind = [s for s in shards if self._blind(s, leases)]
+        blind = [s for s in shards if self.view.blind(s, leases.get(s))]
         if not blind:
             return set()
         keepers = await self.epoch_watch.keepers(self.own.all)
@@ -1008,9 +1001,8 @@ class PlacementLoop:
         previous = stored.generation if stored is not None else None
         if stored is not None and stored.record is None:
             logger.warning("claiming shard %d over a corrupt lease record", shard)
-        known = self.view.max_generation.get(shard)
-        generation = max(previous or 0, known or 0) + 1
-        blind = previous is None and known is None
+        generation = max(previous or 0, self.view.max_generation.get(shard, 0)) + 1
+        blind = self.view.blind(shard, stored)
         now = self.clock.wall()
         epoch = self.epoch
         by_epoch = self.mode == "node"

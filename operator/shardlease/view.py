@@ -451,6 +451,15 @@ class LeaseView:
                                                                 self.refusal_wait(shard)):
                 self.unkept[shard] = MISSING if stored is None else stored.version
 
+    def blind(self, shard: int, stored: Stored[Lease] | None) -> bool:
+        """Whether a claim of `shard` over `stored` would be blind: no
+        generation of it known (no record, or one whose generation cannot be
+        read, and none ever seen), so the one claimed is 1, which a host may
+        have opened already under a record deleted since (issue 38:
+        `keeper.Held.blind`, `kept_live`)."""
+        return (stored is None or stored.generation is None) \
+            and shard not in self.max_generation
+
     def kept_live(self, keepers: list[Epoch] | None, now: float) -> frozenset[int] | None:
         """The shards the live epochs among `keepers` (`EpochWatch.keepers`,
         read just now) say they keep; None if they may keep any (they could
