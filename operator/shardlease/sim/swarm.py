@@ -75,6 +75,12 @@ KINDS: tuple[str, ...] = (
     # call budget but well within a TTL (a loaded MinIO): the stop's writes
     # must still land (they get a TTL).
     "slow_stop",
+    # A lease record deleted under its owner (its lease writes failing after a
+    # TTL cut in place, or its listings stale and its lease calls failing),
+    # claimed blind by a node that never saw it, whose open is slow and which
+    # dies (a crash, or stopped short) before its application answers, while
+    # a second node that never saw the record either is there to take over.
+    "blind_claim",
 )
 
 #: The corruptions that leave the generation readable (`faults.Corrupt`);
@@ -232,7 +238,7 @@ class _Drawer:
             "reconfigure_margin": self.reconfigure_margin, "corrupt": self.corrupt,
             "garbage": self.garbage, "deleted": self.deleted, "abort": self.abort,
             "refusal": self.refusal,
-            "slow_stop": self.slow_stop,
+            "slow_stop": self.slow_stop, "blind_claim": self.blind_claim,
         }
 
     def draw(self, kind: str) -> list[Fault]:
@@ -426,6 +432,39 @@ class _Drawer:
             faults += [StoreFault(at, until, node=blind, stale=True),
                        StoreFault(at, until, node=blind, error_rate=1.0,
                                   calls=frozenset({"get_lease", *LEASE_WRITES}))]
+        return faults
+
+    def blind_claim(self) -> list[Fault]:
+        at, rng, t, interval = self.at(), self.rng, self.ttl, self.interval
+        faults: list[Fault] = []
+        until = round(at + 2 * t, 1)
+        if rng.random() < 0.6:
+            # The TTL cut in place: the owner, its lease writes failing, holds
+            # by the old one, the blind claimer by the new.
+            cut = rng.choice([x for x in NEW_TTLS if x < t] or [t])
+            faults += [Reconfigure(round(max(0.0, at - interval), 1), None,
+                                   (("lease_ttl", cut), ("interval", None), ("margin", None))),
+                       StoreFault(at, until, node=self.node(), error_rate=1.0,
+                                  calls=LEASE_WRITES)]
+        else:
+            # The owner blind to its record: it keeps the shard by its epoch,
+            # or until its deadline.
+            blind = self.node()
+            faults += [StoreFault(at, until, node=blind, stale=True),
+                       StoreFault(at, until, node=blind, error_rate=1.0,
+                                  calls=frozenset({"get_lease", *LEASE_WRITES}))]
+        claimer, other = rng.sample(JOINERS, 2)
+        dies = round(at + interval * rng.choice((0.5, 1.0, 2.0, 3.0)), 1)
+        # A few records, so that the claimer's share is likely to take one.
+        deleted = rng.sample(range(self.shards), min(self.shards, rng.choice((1, 2, 4))))
+        faults += [
+            *(Corrupt(at, shard, "deleted") for shard in deleted),
+            Join(round(at + interval * rng.choice((0.0, 0.1, 0.3)), 1), claimer),
+            HostFault(at, round(at + 6 * interval, 1), node=claimer,
+                      open_latency=round(interval * rng.choice((1.0, 2.0, 4.0)), 2)),
+            Join(round(at + interval * rng.choice((0.0, 0.3, 1.0, 2.0)), 1), other),
+            Crash(dies, claimer) if rng.random() < 0.5
+            else Abort(dies, claimer, rng.choice(ABORTS))]
         return faults
 
     def reconfigure_ttl(self) -> list[Fault]:
