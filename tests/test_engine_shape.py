@@ -29,8 +29,14 @@ PACKAGE = Path(__file__).parents[1] / "operator" / "shardlease"
 #: First pinned on 2026-12-07, after issue 38's blind claims (which added
 #: `PlacementLoop._unkept`, the loop's share of reading the epochs for them,
 #: and `Held.blind`, the keeper's record that its host never answered).
+#: Raised the same day, loop 983 -> 1015 lines: `_unkept` became `_blind`,
+#: which reads the heartbeats too (a shard-mode blind claim is written with
+#: the longest TTL they hold by: seed-2028277857) and asks the epochs about
+#: records at generation 1 (seed-1979726345). It reads through two parts
+#: (epochs, heartbeats), so it stays with the loop that holds both, until
+#: issue 40's renewal implementations own those reads.
 CLASSES: dict[tuple[str, str], tuple[int, int, int]] = {
-    ("loop", "PlacementLoop"): (983, 38, 50),
+    ("loop", "PlacementLoop"): (1015, 38, 50),
     ("runner", "Runner"): (554, 22, 31),
     ("keeper", "Keeper"): (595, 23, 35),
     ("keeper", "Held"): (51, 14, 3),

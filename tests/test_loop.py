@@ -606,6 +606,10 @@ async def test_a_refusal_is_kept_from_every_node_for_as_long_as_a_heartbeat_says
     store = ScriptedStore(backend)
     await store.put_heartbeat(Heartbeat(cluster=CLUSTER, node="old", incarnation="x", seq=1,
                                         write_id="w", holds_by=40.0))
+    # A free record at 1: the claim (at 2) is not blind, so it is made even
+    # while the heartbeats cannot be read (a blind one is not: the test below).
+    await store.create_lease(Lease(cluster=CLUSTER, shard=0, owner=None, generation=1,
+                                   write_id="w", ttl=15.0))
     if reads == "fail":
         store.broken.add("get_heartbeat")
     a = Node("a", backend, shards=1, store=store, host=RememberingHost(9)).start()
@@ -681,6 +685,33 @@ async def test_a_claim_freed_before_its_host_answered_is_kept_from_every_node_if
             assert rec.owner is None
         holds.append(rec.hold)
     assert holds == [15.0, 0.0]
+
+
+@pytest.mark.parametrize("reads", ["work", "fail"])
+@virtual
+async def test_a_blind_claim_is_written_with_the_longest_ttl_a_heartbeat_holds_by(
+        reads: str) -> None:
+    # Issue 38 (regression seed-2028277857): a claim with no generation known
+    # may be of one another node opened under a record deleted since; if the
+    # claimer dies before its host answers, a peer that never saw that record
+    # takes the claim's over after the TTL it says. A peer's heartbeat says
+    # it holds a lease by 40 s: the blind claim says 40. Unread heartbeats:
+    # no blind claim at all (until they can be read).
+    backend = MemoryBackend()
+    store = ScriptedStore(backend)
+    await store.put_heartbeat(Heartbeat(cluster=CLUSTER, node="old", incarnation="x", seq=1,
+                                        write_id="w", holds_by=40.0))
+    if reads == "fail":
+        store.broken.add("get_heartbeat")
+    a = Node("a", backend, shards=1, store=store).start()
+    await claimed()
+    await asyncio.sleep(4.0)  # (unread: after the reads' budget)
+    rec = lease(backend, 0)
+    if reads == "work":
+        assert rec is not None and rec.owner == "a" and rec.ttl == 40.0
+    else:
+        assert rec is None and a.host.ops(0) == []
+    await a.stop()
 
 
 @virtual
@@ -1043,8 +1074,9 @@ async def test_a_round_tells_its_lease_listing_what_it_listed(mode: str) -> None
         else:
             assert seen.epochs is None and epochs == []
         # The last one the loop took in: this round's own, read beside, may
-        # have been answered just before and not taken in yet.
-        assert seen.heartbeats is None or any(seen.heartbeats is b for b in beats[-2:])
+        # have been answered just before and not taken in yet, and so may a
+        # blind claim's read of every heartbeat (shard mode, a first claim).
+        assert seen.heartbeats is None or any(seen.heartbeats is b for b in beats[-3:])
     told_beats = [seen.heartbeats for seen, _, _ in store.told if seen is not None]
     assert None in told_beats[2:], "the listing that failed"
     assert told_beats[-1] is not None, "a good one again"

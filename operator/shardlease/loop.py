@@ -88,7 +88,14 @@ from shardlease.epochs import EpochKey, EpochWatch
 from shardlease.errors import ConfigError, Conflict, EngineError, RunnerDied, StoreError
 from shardlease.heartbeats import Heartbeats
 from shardlease.hosts.base import Host
-from shardlease.keeper import WRITE_CONCURRENCY, Held, Keeper, Phase, gather_limited
+from shardlease.keeper import (
+    WRITE_CONCURRENCY,
+    Held,
+    Keeper,
+    Phase,
+    gather_limited,
+    refusal_hold,
+)
 from shardlease.options import Options
 from shardlease.own_epoch import OwnEpoch
 from shardlease.placement import preference as preference
@@ -913,7 +920,7 @@ class PlacementLoop:
             return
         if self.mode == "node" and not self.own.valid():
             return  # no epoch to tie a lease to yet, or it is failing
-        skip = await self._unkept(leases, [*chosen, *adopted, *spare])
+        skip, blind_ttl = await self._blind(leases, [*chosen, *adopted, *spare])
         # A chosen shard lost to a peer (its claim or its epoch's end was
         # first) is followed by the next spare, in this round.
         spares = iter([s for s in spare if s not in skip])
@@ -951,7 +958,8 @@ class PlacementLoop:
                     return False
             async with limit:
                 try:
-                    return await self._claim_one(shard, stored, adopted=shard in adopted)
+                    return await self._claim_one(shard, stored, adopted=shard in adopted,
+                                                 blind_ttl=blind_ttl)
                 except StoreError as e:
                     logger.info("claim of shard %d failed: %s", shard, e)
                     return True  # (not lost to a peer: a failing store is not raced)
@@ -973,29 +981,59 @@ class PlacementLoop:
             # contention cannot spin; each lost race was a peer's claim.
             self.hint(settle=False)
 
-    async def _unkept(self, leases: dict[int, Stored[Lease]],
-                      shards: list[int]) -> set[int]:
-        """Node mode: the blind claims among `shards` that a live epoch of
-        another node keeps (`view.LeaseView.kept_live` says why), or all of
-        them if the epochs cannot be read: not made this round."""
-        if self.mode != "node":
-            return set()
+    async def _blind(self, leases: dict[int, Stored[Lease]],
+                     shards: list[int]) -> tuple[set[int], float]:
+        """The blind claims among `shards` (`view.LeaseView.blind`): those not
+        made this round, and the TTL the others are written with.
+
+        A blind claim's generation (1) may be one a host opened already under
+        a record deleted since, and only that host can say. Until it has (the
+        keeper waits for its answer: `keeper.Held.blind`), nothing must let a
+        peer take the shard over before that owner's deadline. If the
+        claimer dies first, its record is all a peer that never saw the
+        owner's has (regression seed-2028277857: taken over at 2 after the
+        claimer's TTL of 6 s while the owner held by 90). So in shard mode the
+        claim is written with the TTL a refusal's free would keep the shard
+        for (`keeper.refusal_hold`: the longest any heartbeat says its node
+        holds a lease by), and not made while the heartbeats cannot be read.
+        In node mode the owner may keep the shard by its epoch for longer
+        than any TTL: the claim is not made while a live epoch of another
+        node keeps the shard (`view.LeaseView.kept_live`), or while the epochs
+        cannot be read."""
         blind = [s for s in shards if self.view.blind(s, leases.get(s))]
-        if not blind:
-            return set()
-        keepers = await self.epoch_watch.keepers(self.own.all)
-        kept = self.view.kept_live(keepers, self.clock.monotonic())
-        skip = {s for s in blind if kept is None or s in kept}
+        if self.mode == "node":
+            # A record at generation 1 may be a blind claim whose claimer died
+            # before its host answered, taken while the owner's epoch did not
+            # name the shard yet (its claim had just landed), which it names
+            # now (regression seed-1979726345: taken over at 2 from the dead
+            # claimer's epoch while the owner kept it by its own).
+            asked = [*blind, *(s for s in shards if s not in blind
+                               and (stored := leases.get(s)) is not None
+                               and stored.generation == 1)]
+            if not asked:
+                return set(), 0.0
+            keepers = await self.epoch_watch.keepers(self.own.all)
+            kept = self.view.kept_live(keepers, self.clock.monotonic())
+            skip = {s for s in asked if kept is None or s in kept}
+            why = "the epochs could not all be read" if kept is None else \
+                "a live epoch of another node keeps them (their records were deleted under it)"
+            ttl = 0.0
+        else:
+            if not blind:
+                return set(), 0.0
+            holds = await self.beats.holds_by_all()
+            skip = set(blind) if holds is None else set()
+            why = "the heartbeats could not all be read"
+            ttl = 0.0 if holds is None else refusal_hold(
+                max(self.view.refusal_wait(s) for s in blind), holds)
         if skip:
-            logger.info("not claiming shard(s) %s: no record of them was ever seen here, and "
-                        "%s", ",".join(map(str, sorted(skip))),
-                        "the epochs could not all be read" if kept is None
-                        else "a live epoch of another node keeps them (their records were "
-                        "deleted under it)")
-        return skip
+            logger.info("not claiming shard(s) %s: their generation (none known, or 1) may be a "
+                        "blind claim's, and %s",
+                        ",".join(map(str, sorted(skip))), why)
+        return skip, ttl
 
     async def _claim_one(self, shard: int, stored: Stored[Lease] | None, *,
-                         adopted: bool = False) -> bool:
+                         adopted: bool = False, blind_ttl: float = 0.0) -> bool:
         """Claim one shard (and open it); False if another node was first."""
         # A corrupt record still carries the generation its raw bytes show.
         previous = stored.generation if stored is not None else None
@@ -1009,7 +1047,8 @@ class PlacementLoop:
         lease = Lease(cluster=self.cluster, shard=shard, owner=self.name, generation=generation,
                       incarnation=epoch if by_epoch else self.incarnation,
                       write_id=new_write_id(), renewed_at=now, since=now,
-                      ttl=self.own.ttl if by_epoch else self.ttl,
+                      ttl=self.own.ttl if by_epoch
+                      else max(self.ttl, blind_ttl if blind else 0.0),
                       renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:
