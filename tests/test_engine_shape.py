@@ -68,42 +68,41 @@ def find_class(module: str, name: str) -> ast.ClassDef:
     return found
 
 
+def written(tree: ast.AST) -> list[tuple[int, ast.expr]]:
+    """Every expression assigned to under `tree` (targets of =, : and +=,
+    and what they contain), with its line."""
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        found += [(node.lineno, t) for target in targets for t in ast.walk(target)
+                  if isinstance(t, ast.expr)]
+    return found
+
+
 def shape(cls: ast.ClassDef) -> tuple[int, int, int]:
     assert cls.end_lineno is not None
     lines = cls.end_lineno - cls.lineno + 1
     methods = [n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     fields = {t.target.id for t in cls.body
               if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
-    for node in ast.walk(cls):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            targets = [node.target]
-        for target in targets:
-            for t in ast.walk(target):
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
-                        and t.value.id == "self":
-                    fields.add(t.attr)
+    fields |= {t.attr for _, t in written(cls) if isinstance(t, ast.Attribute)
+               and isinstance(t.value, ast.Name) and t.value.id == "self"}
     return lines, len(fields), len(methods)
 
 
 def foreign_writes(module: ast.Module) -> list[str]:
     """`self.part.x = ...` (or `[k] =`, `+=`): a write into another part's field."""
     found = []
-    for node in ast.walk(module):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            targets = [node.target]
-        for target in targets:
-            for t in ast.walk(target):
-                if isinstance(t, ast.Subscript):
-                    t = t.value  # (the container written into)
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute) \
-                        and isinstance(t.value.value, ast.Name) and t.value.value.id == "self":
-                    found.append(f"line {node.lineno}: self.{t.value.attr}.{t.attr}")
+    for line, t in written(module):
+        if isinstance(t, ast.Subscript):
+            t = t.value  # (the container written into)
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute) \
+                and isinstance(t.value.value, ast.Name) and t.value.value.id == "self":
+            found.append(f"line {line}: self.{t.value.attr}.{t.attr}")
     return sorted(set(found))
 
 
