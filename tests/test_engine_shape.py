@@ -40,7 +40,8 @@ CLASSES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("runner", "Runner"): (554, 22, 31),
     ("keeper", "Keeper"): (595, 23, 35),
     ("keeper", "Held"): (51, 14, 3),
-    ("view", "LeaseView"): (490, 22, 22),
+    # +6: a blind record names its own epoch (seed-1506566321, liveness).
+    ("view", "LeaseView"): (496, 22, 22),
     ("epochs", "EpochWatch"): (295, 18, 16),
     ("own_epoch", "OwnEpoch"): (257, 24, 11),
     ("heartbeats", "Heartbeats"): (87, 14, 5),

@@ -165,7 +165,13 @@ class LeaseView:
                 owners[shard] = self._owner_of(shard, rec)
                 if blind:
                     # Judged as the deleted record it replaced was: by the
-                    # epochs, never while one that may keep it lives.
+                    # epochs, never while one that may keep it lives. Its own
+                    # epoch is watched too (and not collected as garbage):
+                    # claimable only once that one is over as well, which an
+                    # epoch nobody watches never is (regression
+                    # seed-1506566321: a dead blind claimer's).
+                    if rec.renewal == "node" and rec.owner is not None:
+                        named.setdefault((rec.owner, rec.incarnation or ""), []).append(shard)
                     damaged.add(shard)
                     if rec.owner is None:
                         free.append(shard)
