@@ -625,7 +625,7 @@ async def test_a_refusal_is_kept_from_every_node_for_as_long_as_a_heartbeat_says
         assert beat_of(backend, "a").holds_by == 15.0  # holds it again
     else:
         assert later == []
-        assert beat_of(backend, "a").holds_by == 0.0  # holds nothing
+        assert beat_of(backend, "a").holds_by == 15.0  # holds nothing: its own TTL
     await a.stop()
 
 
@@ -712,6 +712,28 @@ async def test_a_blind_claim_is_written_with_the_longest_ttl_a_heartbeat_holds_b
     else:
         assert rec is None and a.host.ops(0) == []
     await a.stop()
+
+
+@virtual
+async def test_a_refusal_that_comes_during_a_node_mode_stop_is_freed_by_its_own_write() -> None:
+    # Issue 38, family A2: stopping in node mode, a lease is left to the end
+    # of the epoch, which frees every lease of it at once for every node at
+    # the claim's generation. Not one its host refused as outdated: that one
+    # is freed by a write of its own, at the host's generation, kept from
+    # every node. The refusal comes while the node stops (its open slow).
+    backend = MemoryBackend()
+    a = Node("a", backend, shards=1, renewal="node", host=RememberingHost(9))
+    gate = asyncio.Event()
+    a.host.open_gates[0] = gate
+    a.start()
+    await claimed()
+    assert a.host.ops(0) == ["open"]
+    stopping = asyncio.create_task(a.stop())
+    await asyncio.sleep(0.5)
+    gate.set()
+    await stopping
+    rec = lease(backend, 0)
+    assert rec is not None and rec.owner is None and rec.generation == 9 and rec.hold >= 15.0
 
 
 @virtual

@@ -185,10 +185,13 @@ async def test_a_renewal_in_flight_when_the_ttl_rises_keeps_the_ttl_it_wrote() -
     reconfigure(a, lease_ttl=60.0, interval=5.0, margin=2.5)
     await asyncio.sleep(0.6)  # its answer came at 11
     assert a.loop.runner.deadline(0) == 10.0 + 15.0 - 2.5  # what the record says
-    await asyncio.sleep(5)  # the next one (sent at 15) wrote 60
+    await asyncio.sleep(5)  # the next one (sent at 15) still wrote 15: ...
+    rec = lease(backend, 0)
+    assert rec is not None and rec.ttl == 15.0
+    await asyncio.sleep(5)  # ... the heartbeat said 60 first; the one sent at 20 wrote it
     rec = lease(backend, 0)
     assert rec is not None and rec.ttl == 60.0
-    assert a.loop.runner.deadline(0) == 15.0 + 60.0 - 2.5
+    assert a.loop.runner.deadline(0) == 20.0 + 60.0 - 2.5
     await a.stop()
 
 
@@ -196,7 +199,8 @@ async def test_a_renewal_in_flight_when_the_ttl_rises_keeps_the_ttl_it_wrote() -
 async def test_a_longer_interval_waits_for_renewals_that_wrote_the_longer_ttl() -> None:
     """15 s -> 45 s, so the interval 5 -> 15 s: the records written with TTL
     15 fence 12.5 s after their renewal, so the next renewal comes at the old
-    pace; once every record carries 45, the new pace."""
+    pace; once every record carries 45, the new pace. (A record carries 45
+    once the node's heartbeat has said it: regression seed-3062478051.)"""
     backend = MemoryBackend()
     a = Node("a", backend, shards=2).start()
     await asyncio.sleep(6)  # claimed at 5: deadline 17.5
@@ -204,7 +208,12 @@ async def test_a_longer_interval_waits_for_renewals_that_wrote_the_longer_ttl() 
     await asyncio.sleep(60)
     assert a.of(SelfFence) == [] and closes(a) == [] and a.opened() == {0, 1}
     renewals = sorted({t for t, m in a.store.calls if m == "update_lease"})
-    assert renewals[:4] == [10.0, 25.0, 40.0, 55.0]  # claimed at 5
+    beats = sorted({t for t, m in a.store.calls if m == "put_heartbeat"})
+    # Claimed at 5; a record carries 45 only once a heartbeat said so (the
+    # first after the change, at 20, on the new interval): the old pace
+    # until the renewal after it, then the new.
+    assert beats[:4] == [0.0, 5.0, 20.0, 35.0]
+    assert renewals[:6] == [10.0, 15.0, 20.0, 25.0, 40.0, 55.0]
     assert {getattr(lease(backend, s), "ttl", None) for s in (0, 1)} == {45.0}
     await a.stop()
 

@@ -38,6 +38,13 @@ class Heartbeats:
         self.cluster, self.name, self.incarnation, self.ttl = cluster, name, incarnation, ttl
         #: What each heartbeat says of this node's leases (`Heartbeat.holds_by`).
         self.holds_by = holds_by
+        #: What the last heartbeat of this node that landed said (`holds_by`):
+        #: no lease of this node is written with a longer TTL
+        #: (`keeper.Keeper.writable_ttl`), so that a node refused as outdated,
+        #: reading every heartbeat, never waits less than an owner holds by
+        #: (regression seed-3062478051: a TTL raised in place landed in a
+        #: lease before the heartbeat said it). 0: none landed yet.
+        self.announced = 0.0
         # -- mutable state
         self._seen: Observed[str, None] = Observed()
         #: The nodes live by their heartbeats in the last good listing.
@@ -88,7 +95,12 @@ class Heartbeats:
             except StoreError as e:
                 logger.warning("heartbeat failed: %s", e)
                 return False
+            self.announced = hb.holds_by
             return True
+
+    def landed_holds_by(self) -> float:
+        """What the last heartbeat that landed said of this node (`announced`)."""
+        return self.announced
 
     async def holds_by_all(self) -> list[float] | None:
         """What every heartbeat of the cluster says now of how long its node

@@ -197,7 +197,8 @@ class Keeper:
                  released: Callable[[int], None],
                  track: Callable[[asyncio.Task[None]], None],
                  holds_by_all: Callable[[], Awaitable[list[float] | None]],
-                 kept_off: Callable[[int, float], None]) -> None:
+                 kept_off: Callable[[int, float], None],
+                 announced: Callable[[], float] = lambda: 0.0) -> None:
         self.store, self.calls, self.clock = store, calls, clock
         self.telemetry, self.runner, self.own = telemetry, runner, own
         self.cluster, self.name = cluster, name
@@ -209,6 +210,10 @@ class Keeper:
         #: What every heartbeat says now of how long its node may hold a
         #: lease (`heartbeats.Heartbeats.holds_by_all`; None: unread).
         self.holds_by_all = holds_by_all
+        #: What this node's last landed heartbeat said it holds by
+        #: (`heartbeats.Heartbeats.landed_holds_by`; 0: none landed, or node
+        #: mode): the cap of every TTL it writes (`writable_ttl`).
+        self.announced = announced
         #: Told how long a refusal's free keeps a shard from every node, once
         #: that is known (this node waits as long: `view.LeaseView.keep_off`).
         self.kept_off = kept_off
@@ -250,6 +255,25 @@ class Keeper:
         send time + that TTL - margin, whatever the TTL is now. (Closed
         shards too, until freed: one whose close failed may still be open.)"""
         return max((h.lease.ttl for h in self.held.values()), default=0.0)
+
+    def announce(self) -> float:
+        """What this node's heartbeat says it holds by (`Heartbeat.holds_by`):
+        the longest TTL its held leases were written with, and the TTL it
+        writes new ones with, which a raise in place makes longer. A lease
+        is written with it only once a heartbeat saying so landed
+        (`writable_ttl`)."""
+        return max(self.holds_by(), self.ttl)
+
+    def writable_ttl(self) -> float:
+        """The TTL a lease write of this node may carry now: the options', but
+        never above what its last landed heartbeat said (regression
+        seed-3062478051: a TTL raised in place, 6 to 60, landed in a renewal
+        while the heartbeat still said 6; a node refused as outdated, reading
+        the heartbeats, waited 6 s while the owner held by 60). Until one
+        lands (a node's first heartbeat, or node mode, which beats none),
+        the options'."""
+        announced = self.announced()
+        return self.ttl if announced <= 0 else min(self.ttl, announced)
 
     def shards_of(self, epoch: str) -> list[int]:
         """The held node-mode shards of `epoch` that are not closed."""
@@ -485,14 +509,22 @@ class Keeper:
         and would no longer cover the deadline once the write landed -- then
         what still covers it (observers may count the new record's TTL from
         `sent`; the deadline must stay a margin before that)."""
-        if self.ttl >= current or deadline is None:
-            return self.ttl
-        return min(current, max(self.ttl, deadline - sent + self.options().margin_s))
+        ttl = max(self.writable_ttl(), min(current, self.ttl))
+        if ttl >= current or deadline is None:
+            return ttl
+        return min(current, max(ttl, deadline - sent + self.options().margin_s))
 
     def deadline(self, sent: float, ttl: float) -> float:
         """The deadline a write sent at `sent` gives: `ttl` is the one it wrote
         into the record (observers honour that one), not the options' now."""
-        return sent + ttl - self.options().margin_s
+        margin = self.options().margin_s
+        if ttl < self.ttl:
+            # A raise not announced yet (`writable_ttl`): the record still
+            # says the shorter TTL, which the new margin may not fit (TTL 15
+            # to 60 with a margin of 20: every shard would be fenced). The
+            # default share of that TTL instead: the expiry stays after it.
+            margin = min(margin, ttl / 6)
+        return sent + ttl - margin
 
     # -- frees ------------------------------------------------------------------------------
 

@@ -286,7 +286,7 @@ class PlacementLoop:
         self.beats = Heartbeats(self.store, self.calls, self.clock, cluster=self.cluster,
                                 name=self.name, incarnation=self.incarnation,
                                 ttl=lambda: self.ttl, writes=self.mode == "shard",
-                                holds_by=lambda: self.keeper.holds_by())
+                                holds_by=lambda: self.keeper.announce())
         #: What this node saw of the leases.
         self.view = LeaseView(self.telemetry, self.epoch_watch, cluster=self.cluster,
                               name=self.name, incarnation=self.incarnation,
@@ -297,7 +297,8 @@ class PlacementLoop:
                              earlier_pace=lambda: self._earlier_pace,
                              released=self.view.forget_owner, track=self._track,
                              holds_by_all=self.beats.holds_by_all,
-                             kept_off=self.view.keep_off)
+                             kept_off=self.view.keep_off,
+                             announced=self.beats.landed_holds_by)
         #: Set once `run()` ended (Life.STOPPED).
         self._done = asyncio.Event()
         #: Why `run()` ended, if it failed (`RunnerDied`, `EngineError`, ...):
@@ -1048,7 +1049,7 @@ class PlacementLoop:
                       incarnation=epoch if by_epoch else self.incarnation,
                       write_id=new_write_id(), renewed_at=now, since=now,
                       ttl=self.own.ttl if by_epoch
-                      else max(self.ttl, blind_ttl if blind else 0.0),
+                      else max(self.keeper.writable_ttl(), blind_ttl if blind else 0.0),
                       renewal="node" if by_epoch else "shard")
         sent = self.clock.monotonic()
         try:

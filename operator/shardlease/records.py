@@ -195,7 +195,9 @@ class Heartbeat(BaseModel):
     write_id: str = Field(min_length=1, max_length=64)
     at: float = 0.0
     #: Shard mode: the longest TTL that any lease this node holds was last
-    #: written with, by a write that landed (0: it holds none). A node whose
+    #: written with, by a write that landed, or the TTL it writes new ones
+    #: with if longer (no lease of it carries more than its last landed
+    #: heartbeat said: regression seed-3062478051). A node whose
     #: application refused an open as outdated keeps the shard from every
     #: node for at least the longest of these (`keeper.refusal_hold`): the
     #: owner whose record was deleted under it may be one that the refusing

@@ -1481,6 +1481,38 @@ REGRESSIONS += [
                   kinds=("blind_claim",), origin=1506566321, hints=Hints(drop=0.0, delay=1.5))),
 ]
 
+REGRESSIONS += [
+    Regression(
+        "seed-3062478051",
+        "reconfigure_ttl,reconfigure_margin,refusal: (a) shard 0: open on j1 (generation 2) "
+        "at 19.100 while still open on n1 (generation 1, deadline 48.0) until 22.976. Found "
+        "by the explorer (the random pool, shard mode, 2026-12-07, once the refusal kind was "
+        "back in it; the code before this session's work breaks it too): the TTL raised in "
+        "place on n1 alone, 6 to 60, at 6.4; n1's renewal wrote 60 at once while its "
+        "heartbeat still said 6; the record deleted at 8.3; j1 joined, claimed it blind, was "
+        "refused as outdated, read every heartbeat, and waited 6 s. Fixed: a node's heartbeat "
+        "says the TTL it writes leases with as well as the longest its held ones carry "
+        "(keeper.announce), and no lease is written with a TTL above what its last landed "
+        "heartbeat said (keeper.writable_ttl; the mutant lease-ttl-ahead-of-the-heartbeat)",
+        SwarmCase(nodes=2, shards=2, seed=1603055262, lease_ttl=6.0, interval=None,
+                  margin=None, max_concurrency=16, renewal="shard", faults=(
+                      Reconfigure(at=6.4, node="n1", changes=(("lease_ttl", 60.0), ("interval",
+                          15.0), ("margin", 20.0))),
+                      Corrupt(at=8.3, shard=0, how="deleted"),
+                      Reconfigure(at=8.3, node="n0", changes=(("margin", None),)),
+                      Join(at=8.9, node="j1"),
+                      Reconfigure(at=9.5, node="n0", changes=(("lease_ttl", 60.0), ("interval",
+                          15.0), ("margin", 20.0))),
+                      Reconfigure(at=11.1, node="n1", changes=(("margin", None),)),
+                      Leave(at=11.3, node="n0", hold=3.6),
+                      Join(at=15.6, node="n0"),
+                      Reconfigure(at=17.1, node=None, changes=(("margin", None),)),
+                      Reconfigure(at=27.5, node=None, changes=(("lease_ttl", 60.0), ("interval",
+                          15.0), ("margin", 20.0)))),
+                  kinds=("reconfigure_ttl", "reconfigure_margin", "refusal"), origin=3062478051,
+                  hints=Hints(drop=0.0, delay=3.0))),
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
 #: ("refusal" was out of the random swarm from seed-143 to seed-1851953618,

@@ -6,8 +6,10 @@
   the patch names (a `# explore: ...` line above its first `diff --git`; or
   `--replay SEED ...`: that case, one the explorer found once, must break an
   invariant; or instead `# regression: NAME`, a case of regressions.py, for
-  a bug no swarm case draws), and the same cases on the unpatched tree must
-  be clean (the mutant, not some other violation, was caught). A patch may
+  a bug no swarm case draws; or `# test: NODEID`, a test of the suite, for a
+  bug whose judge is a table or a loop test because no simulated case
+  decides it alone), and the same cases (the test) on the unpatched tree
+  must be clean (the mutant, not some other violation, was caught). A patch may
   also say `# expect: (c)`: the violation caught must be one whose text
   starts so, and the unpatched tree must show none such in the same cases
   (others, of open bugs in the kinds the patch needs, it may).
@@ -152,8 +154,42 @@ def test_mutants_are_there() -> None:
     assert MUTANTS, "tests/sim/mutants holds no patch"
 
 
+#: Runs one pytest node id on the package first on PYTHONPATH, after saying
+#: which package that is (`running ...`).
+RUN_TEST = """
+import sys
+from pathlib import Path
+import pytest
+import shardlease
+print(f"running {Path(shardlease.__file__).parent}", flush=True)
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
+"""
+
+
+def unit_test(nodeid: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """A test of the suite run in a process of its own, on `pythonpath`'s package."""
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(pythonpath or PACKAGE.parent), str(root)])}
+    return subprocess.run([sys.executable, "-c", RUN_TEST, nodeid], capture_output=True,
+                          text=True, env=env, timeout=300.0, cwd=root)
+
+
 @pytest.mark.parametrize("patch", MUTANTS, ids=lambda p: p.stem)
 def test_each_mutant_is_caught(patch: Path, tmp_path: Path) -> None:
+    nodeid = header(patch, "test")
+    if nodeid is not None:
+        # A bug whose judge is a test of the suite, not a simulated case (no
+        # swarm case decides it alone: see the patch): that test fails on
+        # the patched copy, and passes on the tree.
+        copy = patched_copy(patch, tmp_path / "tree")
+        caught = unit_test(nodeid, pythonpath=copy)
+        assert f"running {copy / 'shardlease'}" in caught.stdout, caught.stdout
+        assert caught.returncode == 1 and " failed" in caught.stdout, \
+            f"{nodeid} did not catch {patch.name}:\n{caught.stdout}\n{caught.stderr}"
+        clean = unit_test(nodeid)
+        assert clean.returncode == 0, f"{nodeid} fails on the tree:\n{clean.stdout}"
+        return
     args = explore_args(patch)
     named = header(patch, "regression")
     replayed = "--replay" in args or named is not None
