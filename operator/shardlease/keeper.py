@@ -608,9 +608,21 @@ class Keeper:
             if held.freeing is None:
                 reserve = held.reserve
                 if reserve > 0:
-                    # A refusal's: kept from every node for as long as any
-                    # node's heartbeat says it may hold a lease, read now.
-                    reserve = refusal_hold(reserve, await self.holds_by_all())
+                    if held.floor > 0 and not held.blind:
+                        # A refusal's: kept from every node for as long as
+                        # any node's heartbeat says it may hold a lease, read
+                        # now (an hour if they cannot be read).
+                        reserve = refusal_hold(reserve, await self.holds_by_all())
+                    # A blind claim's, refused or never answered: its record
+                    # was written with the longest TTL the heartbeats said at
+                    # its claim (shard mode; they say no less than their
+                    # nodes' leases carry: `writable_ttl`), which bounds the
+                    # owner it may hide, whose record was gone before it (it
+                    # renews no more). Not read again: unread, a refusal's
+                    # wait is an hour (found by the explorer: a stop with a
+                    # slow store, and a refusal in the random swarm, kept a
+                    # shard for that long).
+                    reserve = max(reserve, held.lease.ttl)
                     self.kept_off(shard, reserve)
                 held.freeing = held.lease.model_copy(update={
                     "owner": None, "incarnation": None, "write_id": new_write_id(),
