@@ -72,13 +72,19 @@ sys.exit(1 if found else 0)
 """
 
 
-def regression(name: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """A case of regressions.py run in a process of its own."""
+def in_process(code: str, arg: str, pythonpath: Path | None) -> subprocess.CompletedProcess[str]:
+    """`code` run with `arg` in a process of its own, on `pythonpath`'s
+    package (the tree's if None)."""
     root = Path(__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(pythonpath or PACKAGE.parent), str(root)])}
-    return subprocess.run([sys.executable, "-c", RUN_REGRESSION, name], capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, arg], capture_output=True,
                           text=True, env=env, timeout=300.0, cwd=root)
+
+
+def regression(name: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """A case of regressions.py run in a process of its own."""
+    return in_process(RUN_REGRESSION, name, pythonpath)
 
 
 def runs(output: str) -> int:
@@ -167,12 +173,8 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
 
 
 def unit_test(nodeid: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """A test of the suite run in a process of its own, on `pythonpath`'s package."""
-    root = Path(__file__).parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(pythonpath or PACKAGE.parent), str(root)])}
-    return subprocess.run([sys.executable, "-c", RUN_TEST, nodeid], capture_output=True,
-                          text=True, env=env, timeout=300.0, cwd=root)
+    """A test of the suite run in a process of its own."""
+    return in_process(RUN_TEST, nodeid, pythonpath)
 
 
 @pytest.mark.parametrize("patch", MUTANTS, ids=lambda p: p.stem)
