@@ -50,7 +50,9 @@ CLASSES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("keeper", "Held"): (51, 14, 3),
     # +6: a blind record names its own epoch (seed-1506566321, liveness).
     ("view", "LeaseView"): (496, 22, 22),
-    ("epochs", "EpochWatch"): (295, 18, 16),
+    # +8: a named epoch gone unended counts for the wait after it
+    # (regression seed-3834568044).
+    ("epochs", "EpochWatch"): (303, 18, 16),
     ("own_epoch", "OwnEpoch"): (257, 24, 11),
     # +12 lines, +1 field, +1 method: what the last landed heartbeat said
     # (announced, landed_holds_by: seed-3062478051).

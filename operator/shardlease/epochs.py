@@ -114,6 +114,14 @@ class EpochWatch:
                 if seen is not None and key in named and MISSING not in (seen.version, version) \
                         and now - seen.since >= self.ttl() / 2 and key not in self.ended:
                     self.suspects[key] = None  # its owner writes every interval
+                if seen is not None and version == MISSING and seen.version != MISSING \
+                        and key not in self.ended and key not in self.collected:
+                    # Gone unended while a lease (or a damaged record) names
+                    # it: as for one that left the listing unnamed, what it
+                    # kept is no longer said (regression seed-3834568044: an
+                    # aborted node deleted its epoch with a shard unclosed,
+                    # and a peer took that shard's deleted record 2.5 s on).
+                    self.vanished_at = now
                 self.seen.see(key, version, now)
         # Epochs the listing itself shows ended (a stopping node ends its own
         # once it has closed everything): read, and believed only then.
