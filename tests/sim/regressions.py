@@ -844,28 +844,6 @@ PENDING: list[Regression] = [
                   kinds=("abort", "refusal", "deleted"), origin=3809587573,
                   hints=Hints(drop=0.0, delay=22.5))),
     Regression(
-        "seed-3736343863",
-        "abort,refusal,deleted: (i) n3#1 shard 16: closed for a fence at 51.500 with no "
-        "self_fence event. Found by the explorer (shard mode, --kinds abort,refusal,deleted, "
-        "seed 401, 2026-12-08; the code before this session's work runs it clean, which may "
-        "be only the trace moving). Open: not debugged",
-        SwarmCase(nodes=4, shards=20, seed=988224502, lease_ttl=15.0, interval=None,
-                  margin=None, max_concurrency=16, renewal="shard", faults=(
-                      Leave(at=9.0, node="n3"),
-                      HostFault(at=16.5, until=61.5, node="n3", close_error_rate=1.0),
-                      Abort(at=16.5, node="n3"),
-                      Corrupt(at=18.1, shard=10, how="deleted"),
-                      Corrupt(at=19.8, shard=12, how="deleted"),
-                      Join(at=24.0, node="n3"),
-                      Leave(at=34.0, node="n1"),
-                      Corrupt(at=40.6, shard=16, how="deleted"),
-                      HostFault(at=40.6, until=70.6, open_latency=2.5),
-                      Abort(at=41.5, node="n1"),
-                      Join(at=43.1, node="j1"),
-                      Join(at=45.6, node="j0")),
-                  kinds=("abort", "refusal", "deleted"), origin=3736343863,
-                  hints=Hints(drop=0.0, delay=7.5))),
-    Regression(
         "seed-3448659713",
         "blind_claim: (a) shard 0: open on n0 (generation 2) at 17.900 while still open on n1 "
         "(generation 1, deadline 22.4) until 22.407. Found by the explorer (shard mode, the "
@@ -1622,11 +1600,39 @@ REGRESSIONS += [
                   hints=Hints(drop=0.3, delay=15.0))),
 ]
 
+REGRESSIONS += [
+    Regression(
+        "seed-3736343863",
+        "abort,refusal,deleted: (i) n3#1 shard 16: closed for a fence at 51.500 with no "
+        "self_fence event. Found by the explorer (shard mode, --kinds abort,refusal,deleted, "
+        "seed 401, 2026-12-08; the code before this session's work runs it clean, which may "
+        "be only the trace moving). Fixed: the close loop "
+        "fenced a lost shard whose close kept failing past its deadline without the "
+        "self_fence event the watchdog emits (which skips a shard fenced already): "
+        "runner._close says it too",
+        SwarmCase(nodes=4, shards=20, seed=988224502, lease_ttl=15.0, interval=None,
+                  margin=None, max_concurrency=16, renewal="shard", faults=(
+                      Leave(at=9.0, node="n3"),
+                      HostFault(at=16.5, until=61.5, node="n3", close_error_rate=1.0),
+                      Abort(at=16.5, node="n3"),
+                      Corrupt(at=18.1, shard=10, how="deleted"),
+                      Corrupt(at=19.8, shard=12, how="deleted"),
+                      Join(at=24.0, node="n3"),
+                      Leave(at=34.0, node="n1"),
+                      Corrupt(at=40.6, shard=16, how="deleted"),
+                      HostFault(at=40.6, until=70.6, open_latency=2.5),
+                      Abort(at=41.5, node="n1"),
+                      Join(at=43.1, node="j1"),
+                      Join(at=45.6, node="j0")),
+                  kinds=("abort", "refusal", "deleted"), origin=3736343863,
+                  hints=Hints(drop=0.0, delay=7.5))),
+]
+
 #: The fault kinds of the open bugs above: the swarm property test and the
 #: explorer's clean-tree tests leave them out until the bugs are fixed.
 #: ("refusal" was out of the random swarm from seed-143 to seed-1851953618,
 #: fixed since. "blind_claim": seed-3448659713, a missing record's ABA under
-#: a stale listing. "abort": seed-3809587573 and seed-3736343863, found by
-#: the explorer on the abort, refusal and deleted kinds; it was out for
-#: seed-3834568044 too, fixed since.)
+#: a stale listing. "abort": seed-3809587573, found by the explorer on the
+#: abort, refusal and deleted kinds; it was out for seed-3834568044 and
+#: seed-3736343863 too, fixed since.)
 PENDING_KINDS: tuple[str, ...] = ("blind_claim", "abort")
